@@ -1,0 +1,225 @@
+//! Typed errors: refused commands, timeouts, and the errors runs return.
+
+use std::error::Error as StdError;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::stage::{Command, Stage};
+
+/// Why the transition table refused a command.
+///
+/// A refusal changes nothing: the stage, the generation, the outcome and the
+/// user-paused mark are exactly as they were before the command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Refusal {
+    /// The task was never started, so there is nothing to pause.
+    NotStarted,
+    /// A run is alive already.
+    AlreadyRunning,
+    /// A pause was accepted but the run has not returned yet.
+    StillRunning,
+    /// A resume was accepted already; its pre-start check is running.
+    AlreadyResuming,
+    /// A run or a pre-start check holds the unit, so the configuration cannot change.
+    UnitInUse,
+    /// A stop was accepted; only stop (to wait for it) is allowed.
+    StopInProgress,
+    /// The task was stopped; that is final.
+    Stopped,
+    /// Every unit completed; that is final.
+    Finished,
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Refusal::NotStarted => "the task was never started",
+            Refusal::AlreadyRunning => "a run is already alive",
+            Refusal::StillRunning => "the run has not returned yet",
+            Refusal::AlreadyResuming => "a resume is already in progress",
+            Refusal::UnitInUse => "a run holds the unit",
+            Refusal::StopInProgress => "a stop is in progress",
+            Refusal::Stopped => "the task is stopped",
+            Refusal::Finished => "the task is finished",
+        })
+    }
+}
+
+/// An error from a command issued to a task.
+///
+/// Every variant names the command and the stage it met, so a log line is enough
+/// to see what happened.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The transition table refused the command; nothing changed.
+    #[error("{command} refused in stage {stage}: {reason}")]
+    Refused {
+        /// The command that was refused.
+        command: Command,
+        /// The stage the command met.
+        stage: Stage,
+        /// Why it was refused.
+        reason: Refusal,
+    },
+    /// The command was accepted, but the run did not return before the deadline.
+    ///
+    /// The stage is still transitional (`Pausing` or `Stopping`): it does not claim a
+    /// rest that has not happened. Waiting again, or a stop, can follow.
+    #[error("{command} timed out after {waited:?}: the task is still {stage}")]
+    Timeout {
+        /// The command whose wait timed out.
+        command: Command,
+        /// The stage when the wait gave up.
+        stage: Stage,
+        /// How long the command waited.
+        waited: Duration,
+    },
+}
+
+impl Error {
+    /// The command this error is about.
+    pub fn command(&self) -> Command {
+        match self {
+            Error::Refused { command, .. } | Error::Timeout { command, .. } => *command,
+        }
+    }
+
+    /// The stage the command met (for a timeout: the stage when the wait gave up).
+    pub fn stage(&self) -> Stage {
+        match self {
+            Error::Refused { stage, .. } | Error::Timeout { stage, .. } => *stage,
+        }
+    }
+}
+
+/// An error a task cannot be built from.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum BuildError {
+    /// The pipeline has no units: there would be nothing to run.
+    #[error("a task needs at least one unit, and this pipeline has none")]
+    EmptyPipeline,
+}
+
+/// The error a run (or a pre-start check) returned, kept as the task's outcome.
+///
+/// Cheap to clone (it is shared), so snapshots and subscribers can all hold it.
+///
+/// # Examples
+///
+/// ```
+/// use taskstage::RunError;
+///
+/// let err = RunError::msg("connection reset");
+/// assert_eq!(err.to_string(), "connection reset");
+/// assert!(!err.is_panic());
+///
+/// let io = std::io::Error::new(std::io::ErrorKind::TimedOut, "slow disk");
+/// assert_eq!(RunError::new(io).to_string(), "slow disk");
+/// ```
+#[derive(Clone)]
+pub struct RunError {
+    inner: Arc<dyn StdError + Send + Sync + 'static>,
+    kind: RunErrorKind,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RunErrorKind {
+    Returned,
+    Panicked,
+    Unrequested,
+}
+
+#[derive(Debug)]
+struct Message(String);
+
+impl fmt::Display for Message {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl StdError for Message {}
+
+impl RunError {
+    /// Wraps any error.
+    pub fn new<E>(error: E) -> Self
+    where
+        E: StdError + Send + Sync + 'static,
+    {
+        RunError {
+            inner: Arc::new(error),
+            kind: RunErrorKind::Returned,
+        }
+    }
+
+    /// An error with just a message.
+    pub fn msg(message: impl Into<String>) -> Self {
+        RunError::new(Message(message.into()))
+    }
+
+    /// The error recorded when a unit panics; the message is the panic's, when it was
+    /// a string.
+    pub(crate) fn from_panic(payload: &(dyn std::any::Any + Send)) -> Self {
+        let text = if let Some(s) = payload.downcast_ref::<&'static str>() {
+            (*s).to_owned()
+        } else if let Some(s) = payload.downcast_ref::<String>() {
+            s.clone()
+        } else {
+            "a panic with a non-string payload".to_owned()
+        };
+        RunError {
+            inner: Arc::new(Message(format!("unit panicked: {text}"))),
+            kind: RunErrorKind::Panicked,
+        }
+    }
+
+    /// The error recorded when a run reports that it was cancelled although nobody
+    /// asked it to stop: the table treats that as a failure.
+    pub(crate) fn unrequested_cancel() -> Self {
+        RunError {
+            inner: Arc::new(Message(
+                "the run reported cancellation, but no pause or stop was issued".to_owned(),
+            )),
+            kind: RunErrorKind::Unrequested,
+        }
+    }
+
+    /// Whether this error records a panic of the unit.
+    pub fn is_panic(&self) -> bool {
+        self.kind == RunErrorKind::Panicked
+    }
+
+    /// Whether this error records a cancellation that no command asked for.
+    pub fn is_unrequested_cancel(&self) -> bool {
+        self.kind == RunErrorKind::Unrequested
+    }
+
+    /// The wrapped error, to downcast to the type the unit returned.
+    pub fn get_ref(&self) -> &(dyn StdError + Send + Sync + 'static) {
+        &*self.inner
+    }
+}
+
+impl fmt::Debug for RunError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RunError")
+            .field("kind", &self.kind)
+            .field("message", &self.inner.to_string())
+            .finish()
+    }
+}
+
+impl fmt::Display for RunError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.inner, f)
+    }
+}
+
+impl StdError for RunError {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        self.inner.source()
+    }
+}

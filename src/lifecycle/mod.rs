@@ -1,0 +1,659 @@
+//! The lifecycle core: runtime-agnostic, model-checked by loom.
+//!
+//! A [`Lifecycle`] holds a task's stage, the current run's generation, the outcome of
+//! the last run, the user-paused mark, the task's configuration and the waiters. Every
+//! input goes through [`table::decide`](crate::table::decide) under one mutex; the
+//! core then applies the verdict, and hands the effects back to the caller as an
+//! [`Applied`] value **after** the mutex is released. The caller (the tokio runtime
+//! handle, or a loom model's scripted driver) carries them out: cancelling a handle,
+//! starting a pre-start check, launching a run, closing units.
+//!
+//! # Invariants
+//!
+//! The numbers are those of the specification (`docs/design.md`); code that relies on
+//! one cites it.
+//!
+//! 1. **Single run.** A run or preparation is started only by a `prepare` or `launch`
+//!    effect, and the table emits those only when the previous run of the task has
+//!    reported its exit (or, for `launch`, from the same generation's preparation).
+//! 2. **Truthful rest.** New, Paused, Stopped and Finished are entered only on an
+//!    exit report, which a driver sends after the run's future is dropped.
+//! 3. **Reachable run.** The cancel handle of a generation is created under the lock,
+//!    in the same critical section that makes the generation current, before Running
+//!    (or Resuming) is published; a pause clones that same handle.
+//! 4. **No stuck transitions.** Every exit report of the current generation moves a
+//!    transitional stage to a stage that is not transitional or starts the next step.
+//! 5. **No lost outcome.** The outcome is written only by exit reports, never by
+//!    commands; a launch happens only after a successful preparation.
+//! 6. **Stale fence.** An exit report whose generation is not the current one is
+//!    ignored before the table is consulted.
+//! 7. **No lost wake-up, no deadlock.** Waiters register under the same lock that
+//!    changes the state; every accepted input wakes them all after the lock is
+//!    released. The lock is never held across user code or an await.
+//!
+//! # Deadlock safety
+//!
+//! The core's mutex is a leaf: nothing is called while it is held except the pure
+//! table and allocation. Effects, wakers and condition-variable notifications all run
+//! after it is released.
+
+mod waiters;
+
+use std::fmt;
+use std::future::Future;
+use std::ops::Range;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use crate::error::{Error, RunError};
+use crate::outcome::{Exit, Outcome};
+use crate::stage::{Command, Stage};
+use crate::sync::{lock, Arc, AtomicU8, Condvar, Mutex, MutexGuard, Ordering};
+use crate::table::{self, Input, MarkChange, OutcomeChange, Verdict};
+
+use self::waiters::Waiters;
+
+/// A handle that cancels one run or pre-start check.
+///
+/// The core creates one per generation, under its lock, and hands clones to the
+/// driver (which gives one to the run) and to every pause or stop that cancels it.
+pub trait CancelHandle: Clone + Send + Sync + 'static {
+    /// A fresh, uncancelled handle.
+    fn new_handle() -> Self;
+    /// Requests cancellation. Idempotent.
+    fn cancel(&self);
+}
+
+impl CancelHandle for tokio_util::sync::CancellationToken {
+    fn new_handle() -> Self {
+        tokio_util::sync::CancellationToken::new()
+    }
+
+    fn cancel(&self) {
+        tokio_util::sync::CancellationToken::cancel(self);
+    }
+}
+
+/// A copy of a task's state, taken under the core's lock.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    /// The stage.
+    pub stage: Stage,
+    /// The current generation: 0 before the first run, then one more for every
+    /// run (a resume, or the start of the next unit).
+    pub generation: u64,
+    /// The index of the current unit, or `None` once every unit completed.
+    pub unit: Option<usize>,
+    /// How many units the pipeline has.
+    pub units: usize,
+    /// What the last run or pre-start check returned, if any has returned.
+    pub outcome: Option<Outcome>,
+    /// Whether the task is paused because the pause command was issued (not because
+    /// a run failed). Set by the lifecycle, never inferred from an error.
+    pub user_paused: bool,
+    /// How many inputs the core has accepted: increases with every change.
+    pub seq: u64,
+}
+
+/// One accepted input, for logs and subscribers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transition {
+    /// The stage before.
+    pub from: Stage,
+    /// The stage after (may equal `from`, e.g. a pause in Paused sets the mark).
+    pub to: Stage,
+    /// The generation after the input.
+    pub generation: u64,
+    /// The input that caused it.
+    pub cause: Input,
+    /// The core's change counter after the input.
+    pub seq: u64,
+}
+
+/// Whether a start is a pre-start check or a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StartKind {
+    /// Run the unit's pre-start check, then report it with
+    /// [`Lifecycle::report_prepared`].
+    Prepare,
+    /// Launch a run of the unit, then report its exit with [`Lifecycle::report_exit`].
+    Launch,
+}
+
+/// An effect that starts user code: a pre-start check or a run.
+#[derive(Debug, Clone)]
+pub struct Start<K, C> {
+    /// What to start.
+    pub kind: StartKind,
+    /// The generation to report the exit with.
+    pub generation: u64,
+    /// The unit's index in the pipeline.
+    pub unit: usize,
+    /// Whether the unit has run before (a resume) or not (a fresh start).
+    pub resume: bool,
+    /// The generation's cancel handle, installed before the stage was published.
+    pub cancel: K,
+    /// The configuration in force.
+    pub config: Arc<C>,
+}
+
+/// The result of an accepted input: the transition and the effects to carry out.
+///
+/// It is produced after the core's lock is released. Carry the effects out in field
+/// order: `cancel`, `closed_unit`, `start`, `close_units`.
+#[derive(Debug)]
+#[must_use = "the effects of an accepted input must be carried out"]
+pub struct Applied<K, C> {
+    /// The transition, or `None` when the input was ignored (a stale or impossible
+    /// exit report).
+    pub transition: Option<Transition>,
+    /// Cancel this handle (the live run's or preparation's).
+    pub cancel: Option<K>,
+    /// This unit completed: close it.
+    pub closed_unit: Option<usize>,
+    /// Start a pre-start check or a run.
+    pub start: Option<Start<K, C>>,
+    /// Close these units (the task stopped).
+    pub close_units: Option<Range<usize>>,
+}
+
+impl<K, C> Applied<K, C> {
+    fn ignored() -> Self {
+        Applied {
+            transition: None,
+            cancel: None,
+            closed_unit: None,
+            start: None,
+            close_units: None,
+        }
+    }
+
+    /// The stage after the input, if it was accepted.
+    pub fn stage(&self) -> Option<Stage> {
+        self.transition.map(|t| t.to)
+    }
+}
+
+/// What a pause or a stop waits for after it was accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settle {
+    command: Command,
+    generation: u64,
+}
+
+impl Settle {
+    /// The wait of `command`, accepted while `generation` was current.
+    pub fn new(command: Command, generation: u64) -> Self {
+        Settle {
+            command,
+            generation,
+        }
+    }
+
+    /// The command whose wait this is.
+    pub fn command(&self) -> Command {
+        self.command
+    }
+
+    /// The stage this wait reports as reached, or `None` while it must go on.
+    ///
+    /// A pause is settled once its stage has left Pausing and Stopping (the run
+    /// returned), or once the generation moved on: the only way from Pausing to a new
+    /// generation is through Paused and a resume. A stop is settled in a terminal
+    /// stage. Any other command is settled at once.
+    pub fn reached(&self, stage: Stage, generation: u64) -> Option<Stage> {
+        match self.command {
+            Command::Pause if generation != self.generation => Some(Stage::Paused),
+            Command::Pause if matches!(stage, Stage::Pausing | Stage::Stopping) => None,
+            Command::Stop if !stage.is_terminal() => None,
+            _ => Some(stage),
+        }
+    }
+}
+
+/// The lifecycle core of one task.
+///
+/// `K` is the cancel handle type (a `CancellationToken` under tokio); `C` is the
+/// configuration type.
+pub struct Lifecycle<K, C = ()> {
+    state: Mutex<State<K, C>>,
+    /// Lock-free copy of `state.stage`.
+    ///
+    /// Written only under `state`'s lock with `Release`, read with `Acquire`: a reader
+    /// that sees a stage also sees everything that happened before the core published
+    /// it, such as a run's future having been dropped before its exit was reported
+    /// (invariant 2).
+    stage: AtomicU8,
+    changed: Condvar,
+}
+
+struct State<K, C> {
+    stage: Stage,
+    generation: u64,
+    /// The current generation's cancel handle; `None` only before the first run.
+    cancel: Option<K>,
+    unit: usize,
+    units: usize,
+    /// Whether the current unit has been launched before (its next start is a resume).
+    unit_started: bool,
+    outcome: Option<Outcome>,
+    user_paused: bool,
+    config: Arc<C>,
+    seq: u64,
+    waiters: Waiters,
+}
+
+impl<K, C> fmt::Debug for Lifecycle<K, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = lock(&self.state);
+        f.debug_struct("Lifecycle")
+            .field("stage", &state.stage)
+            .field("generation", &state.generation)
+            .field("unit", &state.unit)
+            .field("units", &state.units)
+            .field("outcome", &state.outcome)
+            .field("user_paused", &state.user_paused)
+            .field("seq", &state.seq)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K: CancelHandle, C> Lifecycle<K, C> {
+    /// A task in stage New with `units` units and the given configuration.
+    pub fn new(units: usize, config: C) -> Self {
+        Lifecycle {
+            state: Mutex::new(State {
+                stage: Stage::New,
+                generation: 0,
+                cancel: None,
+                unit: 0,
+                units,
+                unit_started: false,
+                outcome: None,
+                user_paused: false,
+                config: Arc::new(config),
+                seq: 0,
+                waiters: Waiters::default(),
+            }),
+            stage: AtomicU8::new(Stage::New as u8),
+            changed: Condvar::new(),
+        }
+    }
+
+    /// The stage, without taking the lock.
+    pub fn stage(&self) -> Stage {
+        // Acquire: pairs with the Release store in `apply` (see the field's docs).
+        Stage::from_raw(self.stage.load(Ordering::Acquire))
+    }
+
+    /// A consistent copy of the whole state.
+    pub fn snapshot(&self) -> Snapshot {
+        lock(&self.state).snapshot()
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> Arc<C> {
+        Arc::clone(&lock(&self.state).config)
+    }
+
+    /// Issues a pause, resume or stop.
+    ///
+    /// For [`Command::Update`] use [`Lifecycle::update`], which carries the new
+    /// configuration; through this method an update is accepted or refused without
+    /// changing the configuration.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Refused`] when the table refuses the command in the current stage;
+    /// nothing changes then.
+    pub fn command(&self, command: Command) -> Result<Applied<K, C>, Error> {
+        self.input(Input::from_command(command), None, None)
+    }
+
+    /// Replaces the configuration, if no run holds a unit.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Refused`] outside New and Paused; the configuration is unchanged then.
+    pub fn update(&self, config: C) -> Result<Applied<K, C>, Error> {
+        self.input(Input::Update, None, Some(config))
+    }
+
+    /// Reports how the pre-start check of `generation` ended.
+    ///
+    /// A report of another generation than the current one is ignored (invariant 6).
+    pub fn report_prepared(&self, generation: u64, exit: Exit) -> Applied<K, C> {
+        let input = match exit {
+            Exit::Ok => Input::PrepOk,
+            Exit::Failed(_) => Input::PrepFailed,
+            Exit::Cancelled => Input::PrepCancelled,
+        };
+        self.report(generation, input, exit)
+    }
+
+    /// Reports how the run of `generation` ended. Call it only once the run's future
+    /// has been dropped (invariant 2 rests on it).
+    ///
+    /// A report of another generation than the current one is ignored (invariant 6).
+    pub fn report_exit(&self, generation: u64, exit: Exit) -> Applied<K, C> {
+        let input = match exit {
+            // Filled in under the lock, where the unit index is known.
+            Exit::Ok => Input::RunOk { last_unit: false },
+            Exit::Failed(_) => Input::RunFailed,
+            Exit::Cancelled => Input::RunCancelled,
+        };
+        self.report(generation, input, exit)
+    }
+
+    fn report(&self, generation: u64, input: Input, exit: Exit) -> Applied<K, C> {
+        let error = match exit {
+            Exit::Failed(error) => Some(error),
+            Exit::Ok | Exit::Cancelled => None,
+        };
+        match self.input(input, Some((generation, error)), None) {
+            Ok(applied) => applied,
+            // Reports are events, which the table never refuses.
+            Err(_) => Applied::ignored(),
+        }
+    }
+
+    fn input(
+        &self,
+        mut input: Input,
+        report: Option<(u64, Option<RunError>)>,
+        config: Option<C>,
+    ) -> Result<Applied<K, C>, Error> {
+        let mut state = lock(&self.state);
+        let mut error = None;
+        if let Some((generation, reported_error)) = report {
+            // Invariant 6: the stale fence comes before the table.
+            if generation != state.generation {
+                return Ok(Applied::ignored());
+            }
+            error = reported_error;
+            if let Input::RunOk { .. } = input {
+                input = Input::RunOk {
+                    last_unit: state.unit + 1 >= state.units,
+                };
+            }
+        }
+        let from = state.stage;
+        let step = match table::decide(from, input) {
+            Verdict::Step(step) => step,
+            Verdict::Ignored => return Ok(Applied::ignored()),
+            Verdict::Refused(reason) => {
+                return Err(Error::Refused {
+                    command: input
+                        .command()
+                        .unwrap_or_else(|| panic!("the table refused the event {input:?}")),
+                    stage: from,
+                    reason,
+                })
+            }
+        };
+
+        let mut applied = Applied::ignored();
+        let effects = step.effects;
+        if effects.cancel {
+            applied.cancel = Some(state.current_cancel(from));
+        }
+        if effects.unit_done {
+            applied.closed_unit = Some(state.unit);
+            state.unit += 1;
+            state.unit_started = false;
+        }
+        if effects.new_generation {
+            state.generation += 1;
+            // Invariant 3: the handle exists before the new stage is published below.
+            state.cancel = Some(K::new_handle());
+        }
+        if effects.prepare || effects.launch {
+            let kind = if effects.launch {
+                StartKind::Launch
+            } else {
+                StartKind::Prepare
+            };
+            applied.start = Some(Start {
+                kind,
+                generation: state.generation,
+                unit: state.unit,
+                resume: state.unit_started,
+                cancel: state.current_cancel(from),
+                config: Arc::clone(&state.config),
+            });
+            if effects.launch {
+                state.unit_started = true;
+            }
+        }
+        if effects.close_units {
+            applied.close_units = Some(state.unit.min(state.units)..state.units);
+        }
+        if effects.apply_config {
+            if let Some(config) = config {
+                state.config = Arc::new(config);
+            }
+        }
+        match step.outcome {
+            OutcomeChange::Keep => {}
+            OutcomeChange::Completed => state.outcome = Some(Outcome::Completed),
+            OutcomeChange::Cancelled => state.outcome = Some(Outcome::Cancelled),
+            OutcomeChange::UnrequestedCancel => {
+                state.outcome = Some(Outcome::Failed(RunError::unrequested_cancel()));
+            }
+            OutcomeChange::Failed => {
+                let error =
+                    error.unwrap_or_else(|| RunError::msg("failed without an error value"));
+                state.outcome = Some(Outcome::Failed(error));
+            }
+        }
+        match step.mark {
+            MarkChange::Keep => {}
+            MarkChange::Set => state.user_paused = true,
+            MarkChange::Clear => state.user_paused = false,
+        }
+        state.stage = step.to;
+        state.seq += 1;
+        // Release: see the field's docs. Stored under the lock, so snapshots taken by
+        // different threads are published in the order the lock serialised them.
+        self.stage.store(step.to as u8, Ordering::Release);
+        applied.transition = Some(Transition {
+            from,
+            to: step.to,
+            generation: state.generation,
+            cause: input,
+            seq: state.seq,
+        });
+        let wakers = state.waiters.take();
+        drop(state);
+        // Invariant 7: wake after the lock is released.
+        for waker in wakers {
+            waker.wake();
+        }
+        self.changed.notify_all();
+        Ok(applied)
+    }
+
+    /// Waits (async) until `settle` is reached, and returns the stage it reports.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping the future unregisters its waker and changes nothing else.
+    pub fn settled(&self, settle: Settle) -> Settled<'_, K, C> {
+        Settled {
+            core: self,
+            settle,
+            id: None,
+        }
+    }
+
+    /// Waits (blocking the thread) until `settle` is reached, and returns the stage it
+    /// reports.
+    pub fn settled_blocking(&self, settle: Settle) -> Stage {
+        let mut state = lock(&self.state);
+        loop {
+            if let Some(stage) = settle.reached(state.stage, state.generation) {
+                return stage;
+            }
+            state = self
+                .changed
+                .wait(state)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+    }
+
+    /// Waits (async) until `predicate` holds for a snapshot, and returns that snapshot.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping the future unregisters its waker and changes nothing else.
+    pub fn wait_until<P>(&self, predicate: P) -> WaitUntil<'_, K, C, P>
+    where
+        P: FnMut(&Snapshot) -> bool,
+    {
+        WaitUntil {
+            core: self,
+            predicate,
+            id: None,
+        }
+    }
+
+    /// Pauses and blocks the thread until the pause settles.
+    ///
+    /// A convenience for thread-based drivers and models: it issues the command,
+    /// carries out the cancel effect, and waits. It returns the stage reached.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Refused`] as [`Lifecycle::command`].
+    pub fn pause_blocking(&self) -> Result<Stage, Error> {
+        self.command_blocking(Command::Pause)
+    }
+
+    /// Stops and blocks the thread until the task is terminal. See
+    /// [`Lifecycle::pause_blocking`].
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Refused`] as [`Lifecycle::command`].
+    pub fn stop_blocking(&self) -> Result<Stage, Error> {
+        self.command_blocking(Command::Stop)
+    }
+
+    fn command_blocking(&self, command: Command) -> Result<Stage, Error> {
+        let applied = self.command(command)?;
+        let generation = applied
+            .transition
+            .map(|t| t.generation)
+            .unwrap_or_default();
+        if let Some(cancel) = &applied.cancel {
+            cancel.cancel();
+        }
+        Ok(self.settled_blocking(Settle::new(command, generation)))
+    }
+}
+
+impl<K, C> State<K, C> {
+    fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            stage: self.stage,
+            generation: self.generation,
+            unit: (self.unit < self.units).then_some(self.unit),
+            units: self.units,
+            outcome: self.outcome.clone(),
+            user_paused: self.user_paused,
+            seq: self.seq,
+        }
+    }
+}
+
+impl<K: Clone, C> State<K, C> {
+    fn current_cancel(&self, stage: Stage) -> K {
+        match &self.cancel {
+            Some(handle) => handle.clone(),
+            None => panic!("no cancel handle in stage {stage}: a run was never started"),
+        }
+    }
+}
+
+/// Future returned by [`Lifecycle::settled`].
+#[must_use = "futures do nothing unless polled"]
+pub struct Settled<'a, K, C> {
+    core: &'a Lifecycle<K, C>,
+    settle: Settle,
+    id: Option<u64>,
+}
+
+impl<K, C> fmt::Debug for Settled<'_, K, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Settled")
+            .field("settle", &self.settle)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K, C> Future for Settled<'_, K, C> {
+    type Output = Stage;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Stage> {
+        let this = self.get_mut();
+        let mut state: MutexGuard<'_, State<K, C>> = lock(&this.core.state);
+        if let Some(stage) = this.settle.reached(state.stage, state.generation) {
+            state.waiters.remove(this.id.take());
+            return Poll::Ready(stage);
+        }
+        state.waiters.register(&mut this.id, cx.waker());
+        Poll::Pending
+    }
+}
+
+impl<K, C> Drop for Settled<'_, K, C> {
+    fn drop(&mut self) {
+        if self.id.is_some() {
+            lock(&self.core.state).waiters.remove(self.id.take());
+        }
+    }
+}
+
+/// Future returned by [`Lifecycle::wait_until`].
+#[must_use = "futures do nothing unless polled"]
+pub struct WaitUntil<'a, K, C, P> {
+    core: &'a Lifecycle<K, C>,
+    predicate: P,
+    id: Option<u64>,
+}
+
+impl<K, C, P> fmt::Debug for WaitUntil<'_, K, C, P> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WaitUntil").finish_non_exhaustive()
+    }
+}
+
+impl<K, C, P> Future for WaitUntil<'_, K, C, P>
+where
+    P: FnMut(&Snapshot) -> bool + Unpin,
+{
+    type Output = Snapshot;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Snapshot> {
+        let this = self.get_mut();
+        let mut state = lock(&this.core.state);
+        let snapshot = state.snapshot();
+        if (this.predicate)(&snapshot) {
+            state.waiters.remove(this.id.take());
+            return Poll::Ready(snapshot);
+        }
+        state.waiters.register(&mut this.id, cx.waker());
+        Poll::Pending
+    }
+}
+
+impl<K, C, P> Drop for WaitUntil<'_, K, C, P> {
+    fn drop(&mut self) {
+        if self.id.is_some() {
+            lock(&self.core.state).waiters.remove(self.id.take());
+        }
+    }
+}
+
+#[cfg(all(test, not(taskstage_loom)))]
+mod tests;

@@ -1,0 +1,44 @@
+//! What the last run returned.
+
+use crate::error::RunError;
+
+/// What the last run (or pre-start check) of a task returned.
+///
+/// Whether the *user* paused the task is a separate mark (see
+/// [`Snapshot::user_paused`](crate::lifecycle::Snapshot::user_paused)), set because the
+/// pause command was issued, never inferred from an error's text.
+#[derive(Debug, Clone)]
+pub enum Outcome {
+    /// The unit completed.
+    Completed,
+    /// The run or the pre-start check failed (returned an error or panicked).
+    Failed(RunError),
+    /// The run returned because a pause or a stop cancelled it.
+    Cancelled,
+}
+
+impl Outcome {
+    /// The error, if the outcome is a failure.
+    pub fn error(&self) -> Option<&RunError> {
+        match self {
+            Outcome::Failed(error) => Some(error),
+            Outcome::Completed | Outcome::Cancelled => None,
+        }
+    }
+
+    /// Whether the outcome is a failure.
+    pub fn is_failed(&self) -> bool {
+        matches!(self, Outcome::Failed(_))
+    }
+}
+
+/// How a run or a pre-start check ended, as reported to the lifecycle core.
+#[derive(Debug, Clone)]
+pub enum Exit {
+    /// It returned Ok: for a run, the unit is complete.
+    Ok,
+    /// It returned an error or panicked.
+    Failed(RunError),
+    /// It returned because it was cancelled, or it was aborted.
+    Cancelled,
+}

@@ -1,0 +1,156 @@
+//! The eight stages of a task and the commands a caller can issue.
+
+use std::fmt;
+
+/// What is true of a task's work right now.
+///
+/// A stage never claims more than is true: [`Stage::Paused`] means the last run has
+/// returned and its future has been dropped; [`Stage::Running`] means exactly one run
+/// is alive and a pause will reach it. While a run is being cancelled the stage says so
+/// ([`Stage::Pausing`], [`Stage::Stopping`]).
+///
+/// # Examples
+///
+/// ```
+/// use taskstage::Stage;
+///
+/// assert!(Stage::Pausing.run_may_be_alive());
+/// assert!(!Stage::Paused.run_may_be_alive());
+/// assert!(Stage::Stopped.is_terminal());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum Stage {
+    /// Created, not started. No run is alive.
+    New = 0,
+    /// Exactly one run is alive, and its cancel handle is installed.
+    Running = 1,
+    /// A pause was accepted; the run (or a pre-start check) is being cancelled and has
+    /// not returned yet.
+    Pausing = 2,
+    /// The last run returned (cancelled, completed a unit, or failed: the outcome says
+    /// which). No run is alive.
+    Paused = 3,
+    /// A resume was accepted; the unit's pre-start check is running. No run yet.
+    Resuming = 4,
+    /// A stop was accepted; the run (or a pre-start check) is being cancelled and has
+    /// not returned yet.
+    Stopping = 5,
+    /// Terminal: the task was stopped and its units closed. No run is alive.
+    Stopped = 6,
+    /// Terminal: every unit completed. No run is alive.
+    Finished = 7,
+}
+
+impl Stage {
+    /// Every stage, in declaration order.
+    pub const ALL: [Stage; 8] = [
+        Stage::New,
+        Stage::Running,
+        Stage::Pausing,
+        Stage::Paused,
+        Stage::Resuming,
+        Stage::Stopping,
+        Stage::Stopped,
+        Stage::Finished,
+    ];
+
+    /// The stage's name, as printed.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Stage::New => "New",
+            Stage::Running => "Running",
+            Stage::Pausing => "Pausing",
+            Stage::Paused => "Paused",
+            Stage::Resuming => "Resuming",
+            Stage::Stopping => "Stopping",
+            Stage::Stopped => "Stopped",
+            Stage::Finished => "Finished",
+        }
+    }
+
+    /// Whether a run or a pre-start check may be alive in this stage.
+    ///
+    /// `false` is a guarantee: in New, Paused, Stopped and Finished nothing of the
+    /// task's user code is executing.
+    pub const fn run_may_be_alive(self) -> bool {
+        matches!(
+            self,
+            Stage::Running | Stage::Pausing | Stage::Resuming | Stage::Stopping
+        )
+    }
+
+    /// Whether the stage is at rest: nothing runs and nothing is in progress.
+    pub const fn is_at_rest(self) -> bool {
+        !self.run_may_be_alive()
+    }
+
+    /// Whether the stage is transitional: it lasts only until a run or a pre-start
+    /// check returns.
+    pub const fn is_transitional(self) -> bool {
+        matches!(self, Stage::Pausing | Stage::Resuming | Stage::Stopping)
+    }
+
+    /// Whether no command can move the task out of this stage.
+    pub const fn is_terminal(self) -> bool {
+        matches!(self, Stage::Stopped | Stage::Finished)
+    }
+
+    /// Decodes the value stored by the core's lock-free stage snapshot.
+    ///
+    /// # Panics
+    ///
+    /// If and only if `raw` is not the discriminant of a stage; the core only ever
+    /// stores discriminants, so this names a bug in the crate.
+    pub(crate) fn from_raw(raw: u8) -> Stage {
+        match Stage::ALL.get(usize::from(raw)) {
+            Some(stage) => *stage,
+            None => panic!("stage snapshot holds {raw}, which is not a stage"),
+        }
+    }
+}
+
+impl fmt::Display for Stage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A command a caller issues to a task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Command {
+    /// Cancel the run and wait until it has really returned.
+    Pause,
+    /// Start (or restart) the current unit, after its pre-start check.
+    Resume,
+    /// Cancel the run, wait until it has returned, close every unit. Terminal.
+    Stop,
+    /// Replace the task's configuration; only while no run holds a unit.
+    Update,
+}
+
+impl Command {
+    /// Every command, in declaration order.
+    pub const ALL: [Command; 4] = [
+        Command::Pause,
+        Command::Resume,
+        Command::Stop,
+        Command::Update,
+    ];
+
+    /// The command's name, as printed.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Command::Pause => "pause",
+            Command::Resume => "resume",
+            Command::Stop => "stop",
+            Command::Update => "update",
+        }
+    }
+}
+
+impl fmt::Display for Command {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
