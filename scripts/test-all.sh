@@ -12,8 +12,7 @@ cargo test --doc
 echo "== loom models (--cfg taskstage_loom, release) =="
 # A separate target dir: the cfg changes RUSTFLAGS, which would otherwise force the
 # normal build to be redone on the next run.
-# LOOM_MAX_PREEMPTIONS bounds only the three-party models (each says why); the
-# two-party models set no bound and are explored exhaustively.
+# Each model sets its own preemption bound in code (two-party models: none, so they
+# are exhaustive; three-party models: 3, and their comments say why).
 RUSTFLAGS="--cfg taskstage_loom" CARGO_TARGET_DIR=target/loom \
-  LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-3}" \
   cargo test --release --test loom -- --test-threads=1 --nocapture
