@@ -101,6 +101,9 @@ pub enum BuildError {
     /// The pipeline has no units: there would be nothing to run.
     #[error("a task needs at least one unit, and this pipeline has none")]
     EmptyPipeline,
+    /// The task was built outside a tokio runtime, so there is nowhere to run it.
+    #[error("a task must be spawned from within a tokio runtime")]
+    NoRuntime,
 }
 
 /// The error a run (or a pre-start check) returned, kept as the task's outcome.

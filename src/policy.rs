@@ -1,0 +1,1 @@
+//! Auto-resume policy with backoff (being written).

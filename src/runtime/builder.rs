@@ -1,0 +1,115 @@
+//! Building a task: its pipeline of units, its configuration and its deadlines.
+
+use std::fmt;
+use std::time::Duration;
+
+use super::handle::{Handle, DEFAULT_PAUSE_TIMEOUT, DEFAULT_STOP_GRACE};
+use super::shared::Shared;
+use super::unit::{DynUnit, Unit};
+use crate::error::BuildError;
+use crate::lifecycle::Lifecycle;
+use crate::stage::Command;
+use crate::sync::Arc;
+
+/// Builds a task: an ordered pipeline of units (dump → load → sync style).
+///
+/// Made by [`Task::builder`](crate::Task::builder).
+pub struct TaskBuilder<C = ()> {
+    name: String,
+    units: Vec<Box<dyn DynUnit<C>>>,
+    config: C,
+    pause_timeout: Duration,
+    stop_grace: Duration,
+}
+
+impl<C> fmt::Debug for TaskBuilder<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TaskBuilder")
+            .field("name", &self.name)
+            .field("units", &self.units.iter().map(|u| u.name()).collect::<Vec<_>>())
+            .field("pause_timeout", &self.pause_timeout)
+            .field("stop_grace", &self.stop_grace)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TaskBuilder<()> {
+    pub(crate) fn new(name: impl Into<String>) -> Self {
+        TaskBuilder {
+            name: name.into(),
+            units: Vec::new(),
+            config: (),
+            pause_timeout: DEFAULT_PAUSE_TIMEOUT,
+            stop_grace: DEFAULT_STOP_GRACE,
+        }
+    }
+
+    /// Gives the task a configuration of type `C`; units receive it through
+    /// [`RunContext::config`](crate::RunContext::config) and
+    /// [`Unit::apply_config`]. Call it before adding units.
+    pub fn config<C: Send + Sync + 'static>(self, config: C) -> TaskBuilder<C> {
+        TaskBuilder {
+            name: self.name,
+            units: Vec::new(),
+            config,
+            pause_timeout: self.pause_timeout,
+            stop_grace: self.stop_grace,
+        }
+    }
+}
+
+impl<C: Send + Sync + 'static> TaskBuilder<C> {
+    /// Appends a unit to the pipeline.
+    pub fn unit<U: Unit<C>>(mut self, unit: U) -> Self {
+        self.units.push(Box::new(unit));
+        self
+    }
+
+    /// How long [`Handle::pause`] waits for the run to return (default 30 s).
+    pub fn pause_timeout(mut self, timeout: Duration) -> Self {
+        self.pause_timeout = timeout;
+        self
+    }
+
+    /// How long [`Handle::stop`] (and dropping the last handle) lets a run wind down
+    /// before aborting it (default 10 s).
+    pub fn stop_grace(mut self, grace: Duration) -> Self {
+        self.stop_grace = grace;
+        self
+    }
+
+    /// Spawns the task on the current tokio runtime and starts it (stage Resuming,
+    /// then Running).
+    ///
+    /// # Errors
+    ///
+    /// [`BuildError::EmptyPipeline`] when no unit was added;
+    /// [`BuildError::NoRuntime`] outside a tokio runtime.
+    pub fn spawn(self) -> Result<Handle<C>, BuildError> {
+        let handle = self.spawn_paused()?;
+        let shared = handle.shared();
+        // A task in New always accepts resume (see the table), so there is no error
+        // to report here.
+        if let Ok(applied) = shared.core.command(Command::Resume) {
+            shared.carry_out(applied);
+        }
+        Ok(handle)
+    }
+
+    /// Spawns the task on the current tokio runtime without starting it: it stays in
+    /// New until [`Handle::resume`].
+    ///
+    /// # Errors
+    ///
+    /// As [`TaskBuilder::spawn`].
+    pub fn spawn_paused(self) -> Result<Handle<C>, BuildError> {
+        if self.units.is_empty() {
+            return Err(BuildError::EmptyPipeline);
+        }
+        let runtime =
+            tokio::runtime::Handle::try_current().map_err(|_| BuildError::NoRuntime)?;
+        let core = Lifecycle::new(self.units.len(), self.config);
+        let shared = Arc::new(Shared::new(core, self.name, self.units, runtime));
+        Ok(Handle::new(shared, self.pause_timeout, self.stop_grace))
+    }
+}

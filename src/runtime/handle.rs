@@ -1,0 +1,381 @@
+//! The task handle: the async, cloneable way to command and observe one task.
+
+use std::fmt;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use super::shared::Shared;
+use super::unit::Progress;
+use super::StageEvent;
+use crate::error::Error;
+use crate::lifecycle::{Settle, Snapshot};
+use crate::outcome::Outcome;
+use crate::stage::{Command, Stage};
+use crate::sync::Arc;
+
+/// How long [`Handle::pause`] waits for the run to return, unless told otherwise.
+pub const DEFAULT_PAUSE_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long [`Handle::stop`] lets the run wind down before aborting it.
+pub const DEFAULT_STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// A handle to one supervised task.
+///
+/// `Clone + Send + Sync`: clones command the same task. When the last handle is
+/// dropped the task is stopped: its run is cancelled (and aborted after the default
+/// stop grace period, if it ignores cancellation) and its units are closed.
+///
+/// # Examples
+///
+/// ```
+/// use taskstage::{RunContext, RunError, RunExit, Stage, Task, Unit};
+///
+/// struct Wait;
+///
+/// impl Unit for Wait {
+///     async fn run(&mut self, ctx: RunContext) -> Result<RunExit, RunError> {
+///         ctx.cancelled().await;
+///         Ok(RunExit::Cancelled)
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let handle = Task::builder("wait").unit(Wait).spawn()?;
+/// handle.wait_for_stage(|s| s == Stage::Running).await;
+///
+/// // Pause returns only once the run has really returned.
+/// assert_eq!(handle.pause().await?, Stage::Paused);
+/// assert!(handle.snapshot().user_paused);
+///
+/// handle.resume().await?;
+/// assert_eq!(handle.stop().await?, Stage::Stopped);
+/// # Ok(())
+/// # }
+/// ```
+pub struct Handle<C: Send + Sync + 'static = ()> {
+    owner: Arc<Owner<C>>,
+}
+
+/// Stops the task when the last handle goes.
+struct Owner<C: Send + Sync + 'static> {
+    shared: Arc<Shared<C>>,
+    stop_grace: Duration,
+    pause_timeout: Duration,
+}
+
+impl<C: Send + Sync + 'static> Clone for Handle<C> {
+    fn clone(&self) -> Self {
+        Handle {
+            owner: Arc::clone(&self.owner),
+        }
+    }
+}
+
+impl<C: Send + Sync + 'static> fmt::Debug for Handle<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Handle")
+            .field("name", &self.owner.shared.name)
+            .field("stage", &self.stage())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A copy of a task's state, with the names and progress a person wants to see.
+#[derive(Debug, Clone)]
+pub struct TaskSnapshot {
+    /// The task's name.
+    pub name: String,
+    /// The stage.
+    pub stage: Stage,
+    /// The current generation (one more for every run).
+    pub generation: u64,
+    /// The current unit's index and name, or `None` once every unit completed.
+    pub unit: Option<(usize, String)>,
+    /// How many units the pipeline has.
+    pub units: usize,
+    /// What the last run or check returned.
+    pub outcome: Option<Outcome>,
+    /// Whether the task is paused because the pause command was issued.
+    pub user_paused: bool,
+    /// The current unit's latest reported progress.
+    pub progress: Progress,
+    /// How many inputs the lifecycle has accepted.
+    pub seq: u64,
+}
+
+impl<C: Send + Sync + 'static> Handle<C> {
+    pub(crate) fn new(shared: Arc<Shared<C>>, pause_timeout: Duration, stop_grace: Duration) -> Self {
+        Handle {
+            owner: Arc::new(Owner {
+                shared,
+                stop_grace,
+                pause_timeout,
+            }),
+        }
+    }
+
+    pub(crate) fn shared(&self) -> &Arc<Shared<C>> {
+        &self.owner.shared
+    }
+
+    /// The task's name.
+    pub fn name(&self) -> &str {
+        &self.shared().name
+    }
+
+    /// The stage, read without taking a lock.
+    pub fn stage(&self) -> Stage {
+        self.shared().core.stage()
+    }
+
+    /// The whole state, taken consistently.
+    pub fn snapshot(&self) -> TaskSnapshot {
+        let core = self.shared().core.snapshot();
+        self.decorate(core)
+    }
+
+    fn decorate(&self, core: Snapshot) -> TaskSnapshot {
+        let shared = self.shared();
+        TaskSnapshot {
+            name: shared.name.clone(),
+            stage: core.stage,
+            generation: core.generation,
+            unit: core
+                .unit
+                .map(|i| (i, shared.unit_names.get(i).cloned().unwrap_or_default())),
+            units: core.units,
+            outcome: core.outcome,
+            user_paused: core.user_paused,
+            progress: core
+                .unit
+                .map(|i| shared.progress.get(i))
+                .unwrap_or_default(),
+            seq: core.seq,
+        }
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> Arc<C> {
+        self.shared().core.config()
+    }
+
+    /// A receiver of the task's latest stage change.
+    ///
+    /// A `watch` receiver holds the newest value: a subscriber that reads slowly may
+    /// skip intermediate stages, never see them out of order. [`StageEvent::seq`]
+    /// counts every change.
+    pub fn subscribe(&self) -> watch::Receiver<StageEvent> {
+        self.shared().events.subscribe()
+    }
+
+    /// Waits until `predicate` holds for the task's state, and returns that state.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping the future changes nothing.
+    pub async fn wait_for<P>(&self, predicate: P) -> TaskSnapshot
+    where
+        P: FnMut(&Snapshot) -> bool + Unpin,
+    {
+        let core = self.shared().core.wait_until(predicate).await;
+        self.decorate(core)
+    }
+
+    /// Waits until the stage satisfies `predicate`, and returns the state then.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping the future changes nothing.
+    pub async fn wait_for_stage<P>(&self, mut predicate: P) -> TaskSnapshot
+    where
+        P: FnMut(Stage) -> bool + Unpin,
+    {
+        self.wait_for(move |s: &Snapshot| predicate(s.stage)).await
+    }
+
+    /// Pauses the task, waiting up to the task's pause timeout (30 s by default) for
+    /// the run to really return. See [`Handle::pause_within`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Handle::pause_within`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Handle::pause_within`].
+    pub async fn pause(&self) -> Result<Stage, Error> {
+        self.pause_within(self.owner.pause_timeout).await
+    }
+
+    /// Pauses the task and waits up to `timeout` until its run has returned and its
+    /// future has been dropped.
+    ///
+    /// Returns the stage the pause reached: `Paused`; `Finished` if the last unit
+    /// completed as it was cancelled; `Stopped` if a stop overtook it. A pause in
+    /// Paused returns at once and marks an error-paused task as user-paused.
+    ///
+    /// # Errors
+    ///
+    /// - [`Error::Refused`] when the stage does not allow a pause (New, Stopping,
+    ///   Stopped, Finished); nothing changes.
+    /// - [`Error::Timeout`] when the run has not returned within `timeout`; the stage
+    ///   stays `Pausing` (it does not claim a rest that has not happened), and a later
+    ///   pause or stop can wait again.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe. The pause is issued and the run cancelled at the first poll; if
+    /// the future is dropped after that, the task still reaches Paused when the run
+    /// returns. Dropped before its first poll, it does nothing.
+    pub async fn pause_within(&self, timeout: Duration) -> Result<Stage, Error> {
+        self.command_and_wait(Command::Pause, timeout).await
+    }
+
+    /// Resumes the task: its current unit's pre-start check runs (stage Resuming),
+    /// then a run is launched (Running). Returns once the resume is accepted; wait for
+    /// the stage (e.g. [`Handle::wait_for_stage`]) to see where it led.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Refused`] unless the stage is New or Paused; nothing changes then.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: the command is complete at the first poll.
+    pub async fn resume(&self) -> Result<(), Error> {
+        let applied = self.shared().core.command(Command::Resume)?;
+        self.shared().carry_out(applied);
+        Ok(())
+    }
+
+    /// Stops the task with the task's stop grace period (10 s by default). See
+    /// [`Handle::stop_within`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Handle::stop_within`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Handle::stop_within`].
+    pub async fn stop(&self) -> Result<Stage, Error> {
+        self.stop_within(self.owner.stop_grace).await
+    }
+
+    /// Stops the task: cancels its run, waits up to `grace` for it to return, then
+    /// aborts it; closes every unit. Returns `Stopped` only once the run's future is
+    /// gone and the units are closed (or `Finished`, for a finished task).
+    ///
+    /// # Errors
+    ///
+    /// - [`Error::Refused`] only in stages where stop is refused (none today: stop is
+    ///   accepted everywhere, and is a no-op in a terminal stage).
+    /// - [`Error::Timeout`] when even the aborted run has not gone within a second
+    ///   `grace` period (a unit that blocks its thread cannot be aborted); the stage
+    ///   stays `Stopping`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: the stop is issued at the first poll and completes without this
+    /// future; only the escalation to abort needs it to be polled past `grace`.
+    pub async fn stop_within(&self, grace: Duration) -> Result<Stage, Error> {
+        let shared = self.shared();
+        let applied = shared.core.command(Command::Stop)?;
+        let generation = applied.transition.map(|t| t.generation).unwrap_or_default();
+        shared.carry_out(applied);
+        let settle = Settle::new(Command::Stop, generation);
+        let stage = match tokio::time::timeout(grace, shared.core.settled(settle)).await {
+            Ok(stage) => stage,
+            Err(_) => {
+                // Invariant 8: escalate, and still report Stopped only when the
+                // aborted future is gone (its exit guard reports it).
+                tracing::warn!(parent: &shared.span, ?grace, "run ignored cancellation; aborting");
+                shared.abort_generation(generation);
+                match tokio::time::timeout(grace, shared.core.settled(settle)).await {
+                    Ok(stage) => stage,
+                    Err(_) => {
+                        return Err(Error::Timeout {
+                            command: Command::Stop,
+                            stage: self.stage(),
+                            waited: grace.saturating_mul(2),
+                        })
+                    }
+                }
+            }
+        };
+        if stage == Stage::Stopped {
+            // The party that published Stopped closes the units right after; wait for
+            // it, so that a returned stop means closed units.
+            let mut closed = shared.closed.subscribe();
+            // The sender lives as long as `shared`, which we hold.
+            let _ = closed.wait_for(|closed| *closed).await;
+        }
+        Ok(stage)
+    }
+
+    /// Replaces the task's configuration. Units apply it before their next check or
+    /// run (see [`Unit::apply_config`](crate::Unit::apply_config)).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Refused`] unless the stage is New or Paused (a run holds the unit);
+    /// the configuration is unchanged then.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: the command is complete at the first poll.
+    pub async fn update(&self, config: C) -> Result<(), Error> {
+        let applied = self.shared().core.update(config)?;
+        self.shared().carry_out(applied);
+        Ok(())
+    }
+
+    async fn command_and_wait(&self, command: Command, timeout: Duration) -> Result<Stage, Error> {
+        let shared = self.shared();
+        let applied = shared.core.command(command)?;
+        let generation = applied.transition.map(|t| t.generation).unwrap_or_default();
+        shared.carry_out(applied);
+        let settle = Settle::new(command, generation);
+        match tokio::time::timeout(timeout, shared.core.settled(settle)).await {
+            Ok(stage) => Ok(stage),
+            Err(_) => {
+                let snapshot = shared.core.snapshot();
+                match settle.reached(snapshot.stage, snapshot.generation) {
+                    Some(stage) => Ok(stage),
+                    None => Err(Error::Timeout {
+                        command,
+                        stage: snapshot.stage,
+                        waited: timeout,
+                    }),
+                }
+            }
+        }
+    }
+}
+
+impl<C: Send + Sync + 'static> Drop for Owner<C> {
+    fn drop(&mut self) {
+        let shared = &self.shared;
+        let Ok(applied) = shared.core.command(Command::Stop) else {
+            return;
+        };
+        let generation = applied.transition.map(|t| t.generation).unwrap_or_default();
+        shared.carry_out(applied);
+        if shared.core.stage() == Stage::Stopping {
+            // Nobody is left to wait for the stop: abort the run if it ignores the
+            // cancellation for longer than the grace period.
+            let reaper = Arc::clone(shared);
+            let grace = self.stop_grace;
+            shared.spawn_detached(async move {
+                let settle = Settle::new(Command::Stop, generation);
+                if tokio::time::timeout(grace, reaper.core.settled(settle))
+                    .await
+                    .is_err()
+                {
+                    reaper.abort_generation(generation);
+                }
+            });
+        }
+    }
+}
