@@ -1,0 +1,1 @@
+#![cfg(taskstage_loom)]
