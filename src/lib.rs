@@ -15,7 +15,9 @@ pub mod typestate;
 pub use error::{BuildError, Error, Refusal, RunError};
 pub use outcome::{Exit, Outcome};
 #[cfg(not(taskstage_loom))]
-pub use runtime::{Handle, Progress, RunContext, RunExit, StageEvent, TaskBuilder, TaskSnapshot, Unit};
+pub use runtime::{
+    Handle, Progress, RunContext, RunExit, StageEvent, TaskBuilder, TaskSnapshot, Unit,
+};
 pub use stage::{Command, Stage};
 #[cfg(not(taskstage_loom))]
 pub use typestate::Task;

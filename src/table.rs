@@ -12,9 +12,7 @@
 
 use std::fmt::{self, Write as _};
 
-use statig::blocking::{
-    InitializedStateMachine, IntoStateMachineExt as _, Outcome as Flow,
-};
+use statig::blocking::{InitializedStateMachine, IntoStateMachineExt as _, Outcome as Flow};
 use statig::prelude::{Handled, Transition};
 
 use crate::error::Refusal;
@@ -304,6 +302,10 @@ struct Table;
     visibility = "pub(crate)"
 )]
 impl Table {
+    #[allow(
+        clippy::new_ret_no_self,
+        reason = "statig names each state after its handler, and this state is New"
+    )]
     #[state]
     fn new(context: &mut Record, event: &Input) -> Flow<TableState> {
         match event {
@@ -462,9 +464,7 @@ impl Table {
     #[state]
     fn stopping(context: &mut Record, event: &Input) -> Flow<TableState> {
         match event {
-            Input::Pause | Input::Resume | Input::Update => {
-                context.refuse(Refusal::StopInProgress)
-            }
+            Input::Pause | Input::Resume | Input::Update => context.refuse(Refusal::StopInProgress),
             // A second stop joins the first: it waits for Stopped too.
             Input::Stop => context.stay(),
             Input::RunOk { .. } | Input::PrepOk => context

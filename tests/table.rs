@@ -119,14 +119,12 @@ fn expected(stage: Stage, input: Input) -> Want {
         (Pausing, Resume) => Want::Refuse(Refusal::StillRunning),
         (Pausing, Stop) => to(Stopping),
         (Pausing, Update) => Want::Refuse(Refusal::UnitInUse),
-        (Pausing, RunOk { last_unit: false }) => to(Paused)
-            .unit_done()
-            .outcome(O::Completed)
-            .mark(M::Set),
-        (Pausing, RunOk { last_unit: true }) => to(Finished)
-            .unit_done()
-            .outcome(O::Completed)
-            .mark(M::Set),
+        (Pausing, RunOk { last_unit: false }) => {
+            to(Paused).unit_done().outcome(O::Completed).mark(M::Set)
+        }
+        (Pausing, RunOk { last_unit: true }) => {
+            to(Finished).unit_done().outcome(O::Completed).mark(M::Set)
+        }
         (Pausing, RunFailed | PrepFailed) => to(Paused).outcome(O::Failed).mark(M::Set),
         (Pausing, RunCancelled | PrepCancelled | PrepOk) => {
             to(Paused).outcome(O::Cancelled).mark(M::Set)

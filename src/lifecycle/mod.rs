@@ -441,8 +441,7 @@ impl<K: CancelHandle, C> Lifecycle<K, C> {
                 state.outcome = Some(Outcome::Failed(RunError::unrequested_cancel()));
             }
             OutcomeChange::Failed => {
-                let error =
-                    error.unwrap_or_else(|| RunError::msg("failed without an error value"));
+                let error = error.unwrap_or_else(|| RunError::msg("failed without an error value"));
                 state.outcome = Some(Outcome::Failed(error));
             }
         }
@@ -541,10 +540,7 @@ impl<K: CancelHandle, C> Lifecycle<K, C> {
 
     fn command_blocking(&self, command: Command) -> Result<Stage, Error> {
         let applied = self.command(command)?;
-        let generation = applied
-            .transition
-            .map(|t| t.generation)
-            .unwrap_or_default();
+        let generation = applied.transition.map(|t| t.generation).unwrap_or_default();
         if let Some(cancel) = &applied.cancel {
             cancel.cancel();
         }

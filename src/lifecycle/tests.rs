@@ -1,0 +1,155 @@
+//! Unit tests of the core that need its private parts (the waiter list).
+
+use std::future::Future;
+use std::pin::pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc as StdArc;
+use std::task::{Context, Poll, Wake, Waker};
+
+use super::*;
+
+#[derive(Debug, Clone, Default)]
+struct Flag(StdArc<AtomicBool>);
+
+impl CancelHandle for Flag {
+    fn new_handle() -> Self {
+        Flag::default()
+    }
+    fn cancel(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+#[derive(Default)]
+struct CountWakes(AtomicUsize);
+
+impl Wake for CountWakes {
+    fn wake(self: StdArc<Self>) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+fn running() -> (Lifecycle<Flag>, Start<Flag, ()>) {
+    let core = Lifecycle::<Flag>::new(1, ());
+    let applied = core.command(Command::Resume).unwrap();
+    let prepare = applied.start.unwrap();
+    assert_eq!(prepare.kind, StartKind::Prepare);
+    let applied = core.report_prepared(prepare.generation, Exit::Ok);
+    let launch = applied.start.unwrap();
+    assert_eq!(launch.kind, StartKind::Launch);
+    assert_eq!(core.stage(), Stage::Running);
+    (core, launch)
+}
+
+#[test]
+fn the_cancel_handle_is_installed_before_running_is_published() {
+    let (core, launch) = running();
+    let applied = core.command(Command::Pause).unwrap();
+    let cancel = applied.cancel.expect("pause cancels the run");
+    cancel.cancel();
+    assert!(
+        launch.cancel.0.load(Ordering::SeqCst),
+        "the pause reached the handle the run holds"
+    );
+}
+
+#[test]
+fn a_dropped_wait_unregisters_its_waker() {
+    let (core, _launch) = running();
+    let applied = core.command(Command::Pause).unwrap();
+    let generation = applied.transition.unwrap().generation;
+    let wakes = StdArc::new(CountWakes::default());
+    let waker = Waker::from(StdArc::clone(&wakes));
+    let mut cx = Context::from_waker(&waker);
+    {
+        let mut settled = pin!(core.settled(Settle::new(Command::Pause, generation)));
+        assert_eq!(settled.as_mut().poll(&mut cx), Poll::Pending);
+        assert_eq!(settled.as_mut().poll(&mut cx), Poll::Pending);
+        assert_eq!(
+            lock(&core.state).waiters.len(),
+            1,
+            "re-polling does not duplicate"
+        );
+    }
+    assert_eq!(lock(&core.state).waiters.len(), 0, "drop unregisters");
+    let _ = core.report_exit(generation, Exit::Cancelled);
+    assert_eq!(wakes.0.load(Ordering::SeqCst), 0);
+    assert_eq!(core.stage(), Stage::Paused);
+}
+
+#[test]
+fn a_waiting_pause_is_woken_by_the_exit() {
+    let (core, _launch) = running();
+    let applied = core.command(Command::Pause).unwrap();
+    let generation = applied.transition.unwrap().generation;
+    let wakes = StdArc::new(CountWakes::default());
+    let waker = Waker::from(StdArc::clone(&wakes));
+    let mut cx = Context::from_waker(&waker);
+    let mut settled = pin!(core.settled(Settle::new(Command::Pause, generation)));
+    assert_eq!(settled.as_mut().poll(&mut cx), Poll::Pending);
+    let _ = core.report_exit(generation, Exit::Cancelled);
+    assert_eq!(wakes.0.load(Ordering::SeqCst), 1);
+    assert_eq!(settled.as_mut().poll(&mut cx), Poll::Ready(Stage::Paused));
+}
+
+#[test]
+fn a_stale_report_changes_nothing() {
+    let (core, launch) = running();
+    let _ = core.command(Command::Pause).unwrap();
+    let _ = core.report_exit(launch.generation, Exit::Cancelled);
+    let applied = core.command(Command::Resume).unwrap();
+    let prepare = applied.start.unwrap();
+    let _ = core.report_prepared(prepare.generation, Exit::Ok);
+    let before = core.snapshot();
+    assert_eq!((before.stage, before.generation), (Stage::Running, 2));
+    let applied = core.report_exit(launch.generation, Exit::Failed(RunError::msg("late")));
+    assert!(applied.transition.is_none());
+    let after = core.snapshot();
+    assert_eq!(
+        (after.stage, after.generation, after.seq),
+        (before.stage, before.generation, before.seq)
+    );
+    assert!(matches!(after.outcome, Some(Outcome::Cancelled)));
+}
+
+#[test]
+fn a_refused_command_changes_nothing() {
+    let (core, _launch) = running();
+    let before = core.snapshot();
+    let err = core.command(Command::Resume).unwrap_err();
+    assert_eq!(err.command(), Command::Resume);
+    assert_eq!(err.stage(), Stage::Running);
+    let after = core.snapshot();
+    assert_eq!(after.seq, before.seq);
+    assert_eq!(after.stage, before.stage);
+}
+
+#[test]
+fn update_replaces_the_config_only_when_accepted() {
+    let core = Lifecycle::<Flag, u8>::new(1, 1);
+    let _ = core.update(2).unwrap();
+    assert_eq!(*core.config(), 2);
+    let applied = core.command(Command::Resume).unwrap();
+    assert_eq!(*applied.start.unwrap().config, 2);
+    assert!(core.update(3).is_err());
+    assert_eq!(*core.config(), 2);
+}
+
+#[test]
+fn a_blocking_pause_returns_once_the_run_reports() {
+    let (core, launch) = running();
+    let core = StdArc::new(core);
+    let run = {
+        let core = StdArc::clone(&core);
+        std::thread::spawn(move || {
+            // The run: wait until cancelled, then report.
+            while !launch.cancel.0.load(Ordering::SeqCst) {
+                std::thread::yield_now();
+            }
+            let _ = core.report_exit(launch.generation, Exit::Cancelled);
+        })
+    };
+    assert_eq!(core.pause_blocking().unwrap(), Stage::Paused);
+    run.join().unwrap();
+    assert!(core.snapshot().user_paused);
+}

@@ -26,7 +26,10 @@ impl<C> fmt::Debug for TaskBuilder<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("TaskBuilder")
             .field("name", &self.name)
-            .field("units", &self.units.iter().map(|u| u.name()).collect::<Vec<_>>())
+            .field(
+                "units",
+                &self.units.iter().map(|u| u.name()).collect::<Vec<_>>(),
+            )
             .field("pause_timeout", &self.pause_timeout)
             .field("stop_grace", &self.stop_grace)
             .finish_non_exhaustive()
@@ -106,8 +109,7 @@ impl<C: Send + Sync + 'static> TaskBuilder<C> {
         if self.units.is_empty() {
             return Err(BuildError::EmptyPipeline);
         }
-        let runtime =
-            tokio::runtime::Handle::try_current().map_err(|_| BuildError::NoRuntime)?;
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| BuildError::NoRuntime)?;
         let core = Lifecycle::new(self.units.len(), self.config);
         let shared = Arc::new(Shared::new(core, self.name, self.units, runtime));
         Ok(Handle::new(shared, self.pause_timeout, self.stop_grace))

@@ -105,7 +105,11 @@ pub struct TaskSnapshot {
 }
 
 impl<C: Send + Sync + 'static> Handle<C> {
-    pub(crate) fn new(shared: Arc<Shared<C>>, pause_timeout: Duration, stop_grace: Duration) -> Self {
+    pub(crate) fn new(
+        shared: Arc<Shared<C>>,
+        pause_timeout: Duration,
+        stop_grace: Duration,
+    ) -> Self {
         Handle {
             owner: Arc::new(Owner {
                 shared,
@@ -357,6 +361,9 @@ impl<C: Send + Sync + 'static> Handle<C> {
 impl<C: Send + Sync + 'static> Drop for Owner<C> {
     fn drop(&mut self) {
         let shared = &self.shared;
+        if shared.core.stage().is_terminal() {
+            return;
+        }
         let Ok(applied) = shared.core.command(Command::Stop) else {
             return;
         };

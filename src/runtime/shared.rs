@@ -82,10 +82,10 @@ impl<C: Send + Sync + 'static> Shared<C> {
     }
 
     /// Carries out the effects of one accepted input. Called with no lock held.
+    ///
+    /// Subscribers are told last, so a subscriber that sees a change also sees its
+    /// effects done (for Stopped: every unit closed).
     pub(crate) fn carry_out(self: &Arc<Self>, applied: Applied<CancellationToken, C>) {
-        if let Some(transition) = applied.transition {
-            self.publish(transition);
-        }
         if let Some(token) = applied.cancel {
             token.cancel();
         }
@@ -100,6 +100,9 @@ impl<C: Send + Sync + 'static> Shared<C> {
                 self.close_unit(index);
             }
             self.closed.send_replace(true);
+        }
+        if let Some(transition) = applied.transition {
+            self.publish(transition);
         }
     }
 
@@ -237,7 +240,10 @@ impl<C: Send + Sync + 'static> Drop for ExitGuard<C> {
                     .shared
                     .core
                     .report_prepared(self.generation, Exit::Cancelled),
-                StartKind::Launch => self.shared.core.report_exit(self.generation, Exit::Cancelled),
+                StartKind::Launch => self
+                    .shared
+                    .core
+                    .report_exit(self.generation, Exit::Cancelled),
             };
             self.shared.carry_out(applied);
         }

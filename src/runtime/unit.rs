@@ -180,10 +180,8 @@ pub trait Unit<C = ()>: Send + 'static {
 
     /// One run of the unit. Returns when the work is complete, when cancelled, or on
     /// error. A panic is caught and recorded as an error outcome.
-    fn run(
-        &mut self,
-        ctx: RunContext<C>,
-    ) -> impl Future<Output = Result<RunExit, RunError>> + Send;
+    fn run(&mut self, ctx: RunContext<C>)
+        -> impl Future<Output = Result<RunExit, RunError>> + Send;
 
     /// The pre-start check, awaited while the stage is Resuming, before every run
     /// that follows a resume (including the first start). An error leaves the task

@@ -1,0 +1,223 @@
+//! Test units and counters shared by the runtime tests.
+#![allow(dead_code, unreachable_pub)] // reason: each test crate uses a different subset
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use taskstage::{RunContext, RunError, RunExit, Unit};
+use tokio::sync::{mpsc, Notify};
+
+/// Counts the runs whose futures are alive, through drop guards held by the runs.
+#[derive(Debug, Default)]
+pub struct Live {
+    now: AtomicUsize,
+    max: AtomicUsize,
+    started: AtomicUsize,
+    changed: Notify,
+}
+
+impl Live {
+    pub fn new() -> Arc<Live> {
+        Arc::new(Live::default())
+    }
+
+    /// Marks a run alive until the guard drops.
+    pub fn enter(self: &Arc<Self>) -> LiveGuard {
+        let now = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+        self.max.fetch_max(now, Ordering::SeqCst);
+        self.started.fetch_add(1, Ordering::SeqCst);
+        self.changed.notify_waiters();
+        LiveGuard(Arc::clone(self))
+    }
+
+    pub fn now(&self) -> usize {
+        self.now.load(Ordering::SeqCst)
+    }
+
+    pub fn max(&self) -> usize {
+        self.max.load(Ordering::SeqCst)
+    }
+
+    pub fn started(&self) -> usize {
+        self.started.load(Ordering::SeqCst)
+    }
+
+    /// Waits until `predicate(now, started)` holds.
+    pub async fn wait(&self, mut predicate: impl FnMut(usize, usize) -> bool) {
+        loop {
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if predicate(self.now(), self.started()) {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// Keeps one run counted as alive.
+#[derive(Debug)]
+pub struct LiveGuard(Arc<Live>);
+
+impl Drop for LiveGuard {
+    fn drop(&mut self) {
+        self.0.now.fetch_sub(1, Ordering::SeqCst);
+        self.0.changed.notify_waiters();
+    }
+}
+
+/// What a scripted run does when told.
+#[derive(Debug, Clone)]
+pub enum Order {
+    Complete,
+    Fail(&'static str),
+    Panic,
+}
+
+/// How a scripted unit's pre-start check behaves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Check {
+    Pass,
+    Fail,
+    Hang,
+}
+
+/// A unit that waits, in every run, for an order from the test or for cancellation.
+#[derive(Debug)]
+pub struct Scripted {
+    pub name: &'static str,
+    pub live: Arc<Live>,
+    pub orders: mpsc::UnboundedReceiver<Order>,
+    /// When set, the run does not react to cancellation.
+    pub ignore_cancel: bool,
+    pub check: Arc<Mutex<Check>>,
+    pub closed: Arc<AtomicUsize>,
+    /// Every run's (generation, resume) in order.
+    pub runs: Arc<Mutex<Vec<(u64, bool)>>>,
+}
+
+/// The test's end of a [`Scripted`] unit.
+#[derive(Debug, Clone)]
+pub struct Remote {
+    pub orders: mpsc::UnboundedSender<Order>,
+    pub check: Arc<Mutex<Check>>,
+    pub closed: Arc<AtomicUsize>,
+    pub runs: Arc<Mutex<Vec<(u64, bool)>>>,
+}
+
+impl Remote {
+    pub fn order(&self, order: Order) {
+        self.orders.send(order).expect("the unit is alive");
+    }
+
+    pub fn set_check(&self, check: Check) {
+        *self.check.lock().unwrap() = check;
+    }
+
+    pub fn closed(&self) -> usize {
+        self.closed.load(Ordering::SeqCst)
+    }
+
+    pub fn runs(&self) -> Vec<(u64, bool)> {
+        self.runs.lock().unwrap().clone()
+    }
+}
+
+pub fn scripted(name: &'static str, live: &Arc<Live>) -> (Scripted, Remote) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let check = Arc::new(Mutex::new(Check::Pass));
+    let closed = Arc::new(AtomicUsize::new(0));
+    let runs = Arc::new(Mutex::new(Vec::new()));
+    (
+        Scripted {
+            name,
+            live: Arc::clone(live),
+            orders: rx,
+            ignore_cancel: false,
+            check: Arc::clone(&check),
+            closed: Arc::clone(&closed),
+            runs: Arc::clone(&runs),
+        },
+        Remote {
+            orders: tx,
+            check,
+            closed,
+            runs,
+        },
+    )
+}
+
+impl<C: Send + Sync + 'static> Unit<C> for Scripted {
+    fn name(&self) -> &str {
+        self.name
+    }
+
+    async fn run(&mut self, ctx: RunContext<C>) -> Result<RunExit, RunError> {
+        self.runs
+            .lock()
+            .unwrap()
+            .push((ctx.generation(), ctx.is_resume()));
+        let _alive = self.live.enter();
+        let order = if self.ignore_cancel {
+            self.orders.recv().await
+        } else {
+            tokio::select! {
+                () = ctx.cancelled() => return Ok(RunExit::Cancelled),
+                order = self.orders.recv() => order,
+            }
+        };
+        match order {
+            Some(Order::Complete) => Ok(RunExit::Completed),
+            Some(Order::Fail(message)) => Err(RunError::msg(message)),
+            Some(Order::Panic) => panic!("scripted panic"),
+            None => std::future::pending().await,
+        }
+    }
+
+    async fn prepare(&mut self, _ctx: RunContext<C>) -> Result<(), RunError> {
+        let check = *self.check.lock().unwrap();
+        match check {
+            Check::Pass => Ok(()),
+            Check::Fail => Err(RunError::msg("pre-start check failed")),
+            Check::Hang => std::future::pending().await,
+        }
+    }
+
+    fn close(&mut self) {
+        self.closed.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// A unit that completes at once.
+#[derive(Debug)]
+pub struct Instant(pub &'static str);
+
+impl<C: Send + Sync + 'static> Unit<C> for Instant {
+    fn name(&self) -> &str {
+        self.0
+    }
+
+    async fn run(&mut self, _ctx: RunContext<C>) -> Result<RunExit, RunError> {
+        Ok(RunExit::Completed)
+    }
+}
+
+/// Builds a current-thread and a multi-thread test from one async body.
+#[macro_export]
+macro_rules! on_both_runtimes {
+    ($(#[$meta:meta])* async fn $name:ident() $body:block) => {
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+
+            $(#[$meta])*
+            #[tokio::test(flavor = "current_thread")]
+            async fn current_thread() $body
+
+            $(#[$meta])*
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn multi_thread() $body
+        }
+    };
+}
