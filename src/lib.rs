@@ -1,5 +1,83 @@
-//! taskstage
+//! Supervise long-running work under a lifecycle whose stage is never a lie.
+//!
+//! A **task** runs an ordered pipeline of **units** (dump → load → sync). Its
+//! [`Stage`] names what is true of the work right now: [`Stage::Paused`] means the
+//! last run has returned and its future has been dropped, and "still running" is a
+//! stage of its own ([`Stage::Pausing`], [`Stage::Stopping`]), never hidden behind the
+//! stage that was asked for. So a resume can never start a second copy of a unit
+//! while the first is alive.
+//!
+//! ```
+//! use taskstage::{RunContext, RunError, RunExit, Stage, Task, Unit};
+//!
+//! /// Copies rows until it is done or asked to stop; its checkpoint is `next`.
+//! struct Copy {
+//!     next: u64,
+//!     rows: u64,
+//! }
+//!
+//! impl Unit for Copy {
+//!     fn name(&self) -> &str {
+//!         "copy"
+//!     }
+//!
+//!     async fn run(&mut self, ctx: RunContext) -> Result<RunExit, RunError> {
+//!         while self.next < self.rows {
+//!             if ctx.is_cancelled() {
+//!                 return Ok(RunExit::Cancelled);
+//!             }
+//!             self.next += 1; // copy one row, then advance the checkpoint
+//!             ctx.report_progress(self.next, Some(self.rows));
+//!             tokio::task::yield_now().await;
+//!         }
+//!         Ok(RunExit::Completed)
+//!     }
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let task = Task::builder("orders").unit(Copy { next: 0, rows: 1_000_000 }).spawn()?;
+//! task.wait_for_stage(|stage| stage == Stage::Running).await;
+//!
+//! // `pause` returns once the run has really returned: nothing of it is alive.
+//! assert_eq!(task.pause().await?, Stage::Paused);
+//!
+//! // A resume while a run is alive is refused with a typed error; this one is not.
+//! task.resume().await?;
+//! assert_eq!(task.stop().await?, Stage::Stopped);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Contents
+//!
+//! - **Stages and commands**: [`Stage`], [`Command`]; what the last run returned:
+//!   [`Outcome`].
+//! - **Running work** ([`runtime`]): the [`Unit`] trait and its [`RunContext`]
+//!   ([`RunExit`], [`Progress`]); [`Task::builder`] → [`TaskBuilder`] → [`Handle`], the
+//!   cloneable async handle ([`TaskSnapshot`], [`StageEvent`]).
+//! - **Typed owner** ([`typestate`]): [`Task<S>`](Task), whose type names its stage so
+//!   that invalid commands do not compile.
+//! - **Auto-resume** ([`policy`]): resumes tasks paused by resumable errors, with
+//!   backoff.
+//! - **Errors**: [`Error`] (refused or timed-out commands, naming the command and the
+//!   stage), [`BuildError`], [`RunError`] (what a run returned), [`Refusal`].
+//! - **The layers below**: [`table`], the pure transition table (the only place a
+//!   transition is decided) and [`lifecycle`], the runtime-agnostic core that loom
+//!   model-checks; [`sync`], the shim through which the core gets its sync types.
+//!
+//! The design, the normative table and the invariants are in `docs/design.md`; the
+//! rendered table is `docs/stages.md`; how it is checked is `docs/verification.md`.
+//!
+//! # Features
+//!
+//! The crate has no cargo features. One cfg matters: `--cfg taskstage_loom` builds the
+//! lifecycle core against `loom`'s sync types for the model tests in `loom-tests/`
+//! (only the core, table and shim are compiled then; the tokio layers are left out).
+//! It is namespaced so that building for loom changes no other crate.
 #![forbid(unsafe_code)]
+#![doc(test(attr(deny(warnings))))]
+
 pub mod error;
 pub mod lifecycle;
 pub mod outcome;
@@ -12,6 +90,7 @@ pub mod sync;
 pub mod table;
 #[cfg(not(taskstage_loom))]
 pub mod typestate;
+
 pub use error::{BuildError, Error, Refusal, RunError};
 pub use outcome::{Exit, Outcome};
 #[cfg(not(taskstage_loom))]

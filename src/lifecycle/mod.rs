@@ -2,7 +2,7 @@
 //!
 //! A [`Lifecycle`] holds a task's stage, the current run's generation, the outcome of
 //! the last run, the user-paused mark, the task's configuration and the waiters. Every
-//! input goes through [`table::decide`](crate::table::decide) under one mutex; the
+//! input goes through [`table::decide`] under one mutex; the
 //! core then applies the verdict, and hands the effects back to the caller as an
 //! [`Applied`] value **after** the mutex is released. The caller (the tokio runtime
 //! handle, or a loom model's scripted driver) carries them out: cancelling a handle,

@@ -171,6 +171,14 @@ impl<C> RunContext<C> {
 ///         Ok(RunExit::Completed)
 ///     }
 /// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let task = taskstage::Task::builder("count").unit(Count { upto: 3, at: 0 }).spawn()?;
+/// let done = task.wait_for_stage(taskstage::Stage::is_terminal).await;
+/// assert_eq!(done.stage, taskstage::Stage::Finished);
+/// # Ok(())
+/// # }
 /// ```
 pub trait Unit<C = ()>: Send + 'static {
     /// The unit's name, shown in snapshots and logs.
