@@ -100,3 +100,8 @@ pub use runtime::{
 pub use stage::{Command, Stage};
 #[cfg(not(taskstage_loom))]
 pub use typestate::Task;
+
+/// The README's code blocks, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -504,8 +504,12 @@ fn shutting_the_runtime_down_never_hangs_and_drops_every_run() {
         .expect("runtime shutdown hung");
     assert_eq!(live.now(), 0, "a run outlived its runtime");
     // The exit guards reported the dropped runs: nothing claims to be running.
-    assert!(!handle.0.stage().run_may_be_alive() || handle.0.stage() == Stage::Stopping);
-    assert_ne!(handle.1.stage(), Stage::Running);
+    for task in [&handle.0, &handle.1] {
+        let snap = task.snapshot();
+        assert_eq!(snap.stage, Stage::Paused, "{}", snap.name);
+        let error = snap.outcome.as_ref().and_then(Outcome::error).unwrap();
+        assert!(error.is_unrequested_cancel(), "{error}");
+    }
 }
 
 // ---------------------------------------------------------------- bounded waiting
