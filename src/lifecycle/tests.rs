@@ -53,13 +53,19 @@ fn the_cancel_handle_is_installed_before_running_is_published() {
     );
 }
 
-#[test]
-fn a_dropped_wait_unregisters_its_waker() {
+/// A running core with an accepted pause, and a waker that counts its wakes.
+fn pausing() -> (Lifecycle<Flag>, u64, StdArc<CountWakes>, Waker) {
     let (core, _launch) = running();
     let applied = core.command(Command::Pause).unwrap();
     let generation = applied.transition.unwrap().generation;
     let wakes = StdArc::new(CountWakes::default());
     let waker = Waker::from(StdArc::clone(&wakes));
+    (core, generation, wakes, waker)
+}
+
+#[test]
+fn a_dropped_wait_unregisters_its_waker() {
+    let (core, generation, wakes, waker) = pausing();
     let mut cx = Context::from_waker(&waker);
     {
         let mut settled = pin!(core.settled(Settle::new(Command::Pause, generation)));
@@ -79,11 +85,7 @@ fn a_dropped_wait_unregisters_its_waker() {
 
 #[test]
 fn a_waiting_pause_is_woken_by_the_exit() {
-    let (core, _launch) = running();
-    let applied = core.command(Command::Pause).unwrap();
-    let generation = applied.transition.unwrap().generation;
-    let wakes = StdArc::new(CountWakes::default());
-    let waker = Waker::from(StdArc::clone(&wakes));
+    let (core, generation, wakes, waker) = pausing();
     let mut cx = Context::from_waker(&waker);
     let mut settled = pin!(core.settled(Settle::new(Command::Pause, generation)));
     assert_eq!(settled.as_mut().poll(&mut cx), Poll::Pending);
