@@ -251,16 +251,20 @@ impl<C: Send + Sync + 'static> Drop for ExitGuard<C> {
 }
 
 /// The spawned future of one pre-start check or one run.
+///
+/// When a check passes and the core answers with the launch of the same generation,
+/// the run continues in this task with the unit it already holds: one spawn per
+/// resume instead of two.
 async fn run_task<C: Send + Sync + 'static>(
     shared: Arc<Shared<C>>,
-    start: Start<CancellationToken, C>,
+    mut start: Start<CancellationToken, C>,
     unit: Option<Box<dyn DynUnit<C>>>,
     apply: Option<Arc<C>>,
 ) {
     // Declared first, so that if this future is dropped half-way the guard is dropped
     // last: its report then follows the drop of the unit and of the run's future
     // (invariant 2).
-    let guard = ExitGuard {
+    let mut guard = ExitGuard {
         shared: Arc::clone(&shared),
         kind: start.kind,
         generation: start.generation,
@@ -273,16 +277,8 @@ async fn run_task<C: Send + Sync + 'static>(
         ))));
         return;
     };
-    let ctx = RunContext {
-        cancel: start.cancel.clone(),
-        resume: start.resume,
-        generation: start.generation,
-        unit: start.unit,
-        config: Arc::clone(&start.config),
-        progress: Arc::clone(&shared.progress),
-    };
     let mut applied = None;
-    let exit = match apply {
+    let mut early_exit = match apply {
         Some(config) => match catch_unwind(AssertUnwindSafe(|| unit.apply_config(&config))) {
             Ok(Ok(())) => {
                 applied = Some(config);
@@ -293,33 +289,70 @@ async fn run_task<C: Send + Sync + 'static>(
         },
         None => None,
     };
-    let exit = match exit {
-        Some(exit) => exit,
-        None => match start.kind {
-            StartKind::Prepare => {
-                let check = CatchUnwind::new(unit.prepare_boxed(ctx));
-                // A pause or stop during the check drops it at once (fast quit).
-                tokio::select! {
-                    biased;
-                    () = start.cancel.cancelled() => Exit::Cancelled,
-                    result = check => match result {
-                        Ok(Ok(())) => Exit::Ok,
-                        Ok(Err(error)) => Exit::Failed(error),
-                        Err(payload) => Exit::Failed(RunError::from_panic(&*payload)),
-                    },
+    loop {
+        let ctx = RunContext {
+            cancel: start.cancel.clone(),
+            resume: start.resume,
+            generation: start.generation,
+            unit: start.unit,
+            config: Arc::clone(&start.config),
+            progress: Arc::clone(&shared.progress),
+        };
+        let exit = match early_exit.take() {
+            Some(exit) => exit,
+            None => match start.kind {
+                StartKind::Prepare => {
+                    let check = CatchUnwind::new(unit.prepare_boxed(ctx));
+                    // A pause or stop during the check drops it at once (fast quit).
+                    tokio::select! {
+                        biased;
+                        () = start.cancel.cancelled() => Exit::Cancelled,
+                        result = check => match result {
+                            Ok(Ok(())) => Exit::Ok,
+                            Ok(Err(error)) => Exit::Failed(error),
+                            Err(payload) => Exit::Failed(RunError::from_panic(&*payload)),
+                        },
+                    }
+                }
+                StartKind::Launch => match CatchUnwind::new(unit.run_boxed(ctx)).await {
+                    Ok(Ok(RunExit::Completed)) => Exit::Ok,
+                    Ok(Ok(RunExit::Cancelled)) => Exit::Cancelled,
+                    Ok(Err(error)) => Exit::Failed(error),
+                    Err(payload) => Exit::Failed(RunError::from_panic(&*payload)),
+                },
+            },
+        };
+        // The check's or run's future has been dropped by now (a temporary of the
+        // match above).
+        if start.kind == StartKind::Prepare && matches!(exit, Exit::Ok) {
+            // No await from here to the re-armed guard, so this future cannot be
+            // dropped while the launch is unreported.
+            guard.armed = false;
+            let mut next = shared.core.report_prepared(start.generation, Exit::Ok);
+            match next.start.take() {
+                Some(launch)
+                    if launch.kind == StartKind::Launch
+                        && launch.generation == start.generation
+                        && launch.unit == start.unit =>
+                {
+                    guard.kind = StartKind::Launch;
+                    guard.armed = true;
+                    shared.carry_out(next);
+                    start = launch;
+                    continue;
+                }
+                other => {
+                    next.start = other;
+                    shared.return_unit(start.unit, unit, applied);
+                    shared.carry_out(next);
+                    return;
                 }
             }
-            StartKind::Launch => match CatchUnwind::new(unit.run_boxed(ctx)).await {
-                Ok(Ok(RunExit::Completed)) => Exit::Ok,
-                Ok(Ok(RunExit::Cancelled)) => Exit::Cancelled,
-                Ok(Err(error)) => Exit::Failed(error),
-                Err(payload) => Exit::Failed(RunError::from_panic(&*payload)),
-            },
-        },
-    };
-    // The run's future has been dropped by now (it was a temporary of the match);
-    // the unit goes back to its slot before the exit is reported, so the stage that
-    // the report publishes finds it there.
-    shared.return_unit(start.unit, unit, applied);
-    guard.report(exit);
+        }
+        // The unit goes back to its slot before the exit is reported, so the stage
+        // that the report publishes finds it there.
+        shared.return_unit(start.unit, unit, applied);
+        guard.report(exit);
+        return;
+    }
 }
