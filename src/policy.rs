@@ -1,1 +1,0 @@
-//! Auto-resume policy with backoff (being written).
