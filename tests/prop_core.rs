@@ -97,7 +97,7 @@ impl ReferenceStateMachine for Reference {
     type Transition = Step;
 
     fn init_state() -> BoxedStrategy<Reference> {
-        (1usize..=3)
+        (1usize..=4)
             .prop_map(|units| Reference {
                 model: Model::new(units),
                 expect: Expect::Start,
@@ -107,22 +107,36 @@ impl ReferenceStateMachine for Reference {
 
     fn transitions(state: &Reference) -> BoxedStrategy<Step> {
         let model = &state.model;
+        // Most weight on what moves the task on from its stage; stop is final, so it
+        // stays rare enough that most sequences get far before it.
+        let [pause, resume, stop, update, exit, stale] = match model.stage {
+            Stage::New | Stage::Paused => [12, 40, 1, 8, 0, 6],
+            Stage::Running => [30, 6, 1, 4, 40, 6],
+            Stage::Pausing => [12, 6, 6, 4, 24, 6],
+            Stage::Resuming => [20, 6, 1, 4, 40, 6],
+            Stage::Stopping => [2, 2, 2, 1, 10, 2],
+            Stage::Stopped | Stage::Finished => [1, 1, 1, 1, 0, 1],
+        };
         let mut options: Vec<(u32, BoxedStrategy<Step>)> = vec![
-            (4, Just(Step::Pause).boxed()),
-            (4, Just(Step::Resume).boxed()),
-            (1, Just(Step::Stop).boxed()),
-            (1, (1u32..1000).prop_map(Step::Update).boxed()),
+            (pause, Just(Step::Pause).boxed()),
+            (resume, Just(Step::Resume).boxed()),
+            (stop, Just(Step::Stop).boxed()),
+            (update, (1u32..1000).prop_map(Step::Update).boxed()),
         ];
         match model.alive.map(|a| a.kind) {
-            Some(Kind::Run) => options.push((8, exit_strategy().prop_map(Step::RunExit).boxed())),
-            Some(Kind::Prep) => options.push((8, exit_strategy().prop_map(Step::PrepExit).boxed())),
+            Some(Kind::Run) => {
+                options.push((exit, exit_strategy().prop_map(Step::RunExit).boxed()))
+            }
+            Some(Kind::Prep) => {
+                options.push((exit, exit_strategy().prop_map(Step::PrepExit).boxed()))
+            }
             None => {}
         }
         // Any generation but the live one: older, the next one, or the current one
         // once nothing of it is alive.
         let current = model.generation;
         let alive = model.alive.is_some();
-        let stale = (0..=current).prop_map(move |g| {
+        let stale_generation = (0..=current).prop_map(move |g| {
             if alive && g == current {
                 current + 1
             } else {
@@ -131,8 +145,8 @@ impl ReferenceStateMachine for Reference {
         });
         let kind = prop_oneof![Just(Kind::Run), Just(Kind::Prep)];
         options.push((
-            1,
-            (kind, stale, exit_strategy())
+            stale,
+            (kind, stale_generation, exit_strategy())
                 .prop_map(|(kind, generation, exit)| Step::Stale {
                     kind,
                     generation,
@@ -140,6 +154,7 @@ impl ReferenceStateMachine for Reference {
                 })
                 .boxed(),
         ));
+        options.retain(|(weight, _)| *weight > 0);
         Union::new_weighted(options).boxed()
     }
 
