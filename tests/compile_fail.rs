@@ -1,0 +1,13 @@
+//! Compile-fail proofs of the typestate API: each case in `tests/ui/` issues a command
+//! that the transition table refuses in the task's stage (or misuses a task), and must
+//! fail to compile with exactly the error saved beside it in a `.stderr` file.
+//!
+//! Regenerate the `.stderr` files after a deliberate change with
+//! `TRYBUILD=overwrite cargo test --test compile_fail`, then read them: each must fail
+//! for the reason its case names.
+
+#[test]
+fn invalid_typestate_commands_do_not_compile() {
+    let cases = trybuild::TestCases::new();
+    cases.compile_fail("tests/ui/*.rs");
+}
