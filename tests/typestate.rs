@@ -318,6 +318,44 @@ fn markers_name_their_stages() {
     assert_eq!(Finished::STAGE, Stage::Finished);
 }
 
+/// The code block under "## README example" in a markdown file.
+fn readme_example(markdown: &str) -> String {
+    let (_, after) = markdown
+        .split_once("## README example\n\n```rust\n")
+        .expect("docs/typestate.md has a README example");
+    let (code, _) = after.split_once("```\n").expect("the code block ends");
+    code.to_owned()
+}
+
+/// The first doc test of `src/typestate.rs`, without its comment markers.
+fn module_example(source: &str) -> String {
+    let (_, after) = source
+        .split_once("//! # Examples\n//!\n//! ```\n")
+        .expect("the module docs have an example");
+    let (code, _) = after.split_once("//! ```\n").expect("the code block ends");
+    code.lines()
+        .map(|line| {
+            line.strip_prefix("//! ")
+                .unwrap_or(line.trim_start_matches("//!"))
+        })
+        .map(|line| format!("{line}\n"))
+        .collect()
+}
+
+#[test]
+fn the_readme_example_in_docs_is_the_doc_test_that_runs() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let docs = std::fs::read_to_string(format!("{root}/docs/typestate.md")).unwrap();
+    let source = std::fs::read_to_string(format!("{root}/src/typestate.rs")).unwrap();
+    let example = readme_example(&docs);
+    assert!(example.contains("Task::spawn"), "{example}");
+    assert_eq!(
+        example,
+        module_example(&source),
+        "docs/typestate.md and src/typestate.rs differ"
+    );
+}
+
 // ------------------------------------------------------------------ New
 
 on_both_runtimes! {
@@ -786,6 +824,17 @@ on_both_runtimes! {
             AtRest::Stopped(task) => assert_eq!(task.snapshot().stage, Stage::Stopped),
             other => panic!("expected Stopped, reached {other:?}"),
         }
+    }
+
+    // A Task<Paused> that another party stopped: the stop meets Stopped (the table's
+    // no-op stop in Stopped) and reports it.
+    async fn a_stop_after_another_partys_stop_reports_stopped(short: Duration) {
+        let unit = WaitsForCancel::default();
+        let closed = Arc::clone(&unit.closed);
+        let task = expect_paused(spawn_running(unit).await.pause().await.unwrap());
+        assert_eq!(task.handle().stop().await, Ok(Stage::Stopped));
+        assert_stopped(task.stop().await.unwrap());
+        assert_eq!(closed.load(Ordering::SeqCst), 1, "units are closed once");
     }
 
     // AnyTask types the stage it reads, for every stage at rest and Running.
