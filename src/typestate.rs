@@ -308,8 +308,9 @@ async fn pause_task<S: StageMarker, C: Send + Sync + 'static>(
     };
     match result {
         Ok(stage) => Ok(AtRest::reached(task.handle, stage)),
-        // The run ended by itself before the pause met it: a terminal stage is never
-        // left, so it is the stage the pause reached.
+        // The task ended before the pause met it (its last unit completed, or another
+        // party stopped it): a terminal stage is never left, so it is the stage the
+        // pause reached.
         Err(Error::Refused { stage, .. }) if stage.is_terminal() => {
             Ok(AtRest::reached(task.handle, stage))
         }
@@ -346,7 +347,8 @@ macro_rules! stop_methods {
             ///
             /// # Cancel safety
             ///
-            /// As [`Handle::stop_within`]; the task is dropped with the future.
+            /// As [`Handle::stop_within`]; the future owns the task, and dropping it drops
+            /// the task (which stops it if that was its last handle).
             #[must_use = "the task moves into the result; dropping the last owner stops it"]
             pub async fn stop(self) -> Result<Ended<C>, TaskError<C>> {
                 stop_task(self, None).await
@@ -367,7 +369,8 @@ macro_rules! stop_methods {
             ///
             /// # Cancel safety
             ///
-            /// As [`Handle::stop_within`]; the task is dropped with the future.
+            /// As [`Handle::stop_within`]; the future owns the task, and dropping it drops
+            /// the task (which stops it if that was its last handle).
             #[must_use = "the task moves into the result; dropping the last owner stops it"]
             pub async fn stop_within(self, grace: Duration) -> Result<Ended<C>, TaskError<C>> {
                 stop_task(self, Some(grace)).await
@@ -390,7 +393,8 @@ macro_rules! pause_methods {
             ///
             /// # Cancel safety
             ///
-            /// As [`Handle::pause_within`]; the task is dropped with the future.
+            /// As [`Handle::pause_within`]; the future owns the task, and dropping it drops
+            /// the task (which stops it if that was its last handle).
             #[must_use = "the task moves into the result; dropping the last owner stops it"]
             pub async fn pause(self) -> Result<AtRest<C>, TaskError<C>> {
                 pause_task(self, None).await
@@ -416,7 +420,8 @@ macro_rules! pause_methods {
             ///
             /// # Cancel safety
             ///
-            /// As [`Handle::pause_within`]; the task is dropped with the future.
+            /// As [`Handle::pause_within`]; the future owns the task, and dropping it drops
+            /// the task (which stops it if that was its last handle).
             #[must_use = "the task moves into the result; dropping the last owner stops it"]
             pub async fn pause_within(self, timeout: Duration) -> Result<AtRest<C>, TaskError<C>> {
                 pause_task(self, Some(timeout)).await
@@ -517,7 +522,8 @@ impl<C: Send + Sync + 'static> Task<Paused, C> {
     ///
     /// # Cancel safety
     ///
-    /// As [`Handle::pause`]; the task is dropped with the future.
+    /// As [`Handle::pause`]; the future owns the task, and dropping it drops the task
+    /// (which stops it if that was its last handle).
     #[must_use = "the task moves into the result; dropping the last owner stops it"]
     pub async fn hold(self) -> Result<AtRest<C>, TaskError<C>> {
         pause_task(self, None).await
@@ -532,8 +538,9 @@ impl<C: Send + Sync + 'static> Task<Running, C> {
     ///
     /// # Cancel safety
     ///
-    /// Cancel safe as to the task's state (it only observes); the task is dropped with
-    /// the future.
+    /// The wait only observes, but the future owns the task: dropping it drops the
+    /// task (which stops it if that was its last handle). To bound the wait without
+    /// losing the task, keep a clone of [`Task::handle`] or wait on the handle.
     #[must_use = "the task moves into the result; dropping the last owner stops it"]
     pub async fn join(self) -> AtRest<C> {
         let snapshot = self.handle.wait_for_stage(Stage::is_at_rest).await;
@@ -550,8 +557,9 @@ impl<C: Send + Sync + 'static> Task<Resuming, C> {
     ///
     /// # Cancel safety
     ///
-    /// Cancel safe as to the task's state (it only observes); the task is dropped with
-    /// the future.
+    /// The wait only observes, but the future owns the task: dropping it drops the
+    /// task (which stops it if that was its last handle). To bound the wait, use
+    /// [`started_within`](Task::started_within), which gives the task back.
     #[must_use = "the task moves into the result; dropping the last owner stops it"]
     pub async fn started(self) -> Started<C> {
         let snapshot = self
@@ -571,7 +579,8 @@ impl<C: Send + Sync + 'static> Task<Resuming, C> {
     ///
     /// # Cancel safety
     ///
-    /// As [`started`](Task::started).
+    /// The wait only observes, but the future owns the task: dropping it drops the
+    /// task (which stops it if that was its last handle).
     #[must_use = "the task moves into the result; dropping the last owner stops it"]
     pub async fn started_within(self, timeout: Duration) -> Result<Started<C>, TaskError<C>> {
         let left = self.handle.wait_for_stage(|stage| stage != Stage::Resuming);
@@ -599,7 +608,8 @@ impl<C: Send + Sync + 'static> Task<Pausing, C> {
     ///
     /// # Cancel safety
     ///
-    /// As [`Handle::pause_within`]; the task is dropped with the future.
+    /// As [`Handle::pause_within`]; the future owns the task, and dropping it drops the
+    /// task (which stops it if that was its last handle).
     #[must_use = "the task moves into the result; dropping the last owner stops it"]
     pub async fn paused(self) -> Result<AtRest<C>, TaskError<C>> {
         pause_task(self, None).await
@@ -617,7 +627,8 @@ impl<C: Send + Sync + 'static> Task<Pausing, C> {
     ///
     /// # Cancel safety
     ///
-    /// As [`Handle::pause_within`]; the task is dropped with the future.
+    /// As [`Handle::pause_within`]; the future owns the task, and dropping it drops the
+    /// task (which stops it if that was its last handle).
     #[must_use = "the task moves into the result; dropping the last owner stops it"]
     pub async fn paused_within(self, timeout: Duration) -> Result<AtRest<C>, TaskError<C>> {
         pause_task(self, Some(timeout)).await
