@@ -467,9 +467,14 @@ impl Table {
             Input::Pause | Input::Resume | Input::Update => context.refuse(Refusal::StopInProgress),
             // A second stop joins the first: it waits for Stopped too.
             Input::Stop => context.stay(),
-            Input::RunOk { .. } | Input::PrepOk => context
+            // The unit completed as it was being stopped: it is closed as completed,
+            // the rest are closed as stopped.
+            Input::RunOk { .. } => context
                 .accept()
-                .effects(|e| e.close_units = true)
+                .effects(|e| {
+                    e.unit_done = true;
+                    e.close_units = true;
+                })
                 .outcome(OutcomeChange::Completed)
                 .to(TableState::stopped()),
             Input::RunFailed | Input::PrepFailed => context
@@ -477,7 +482,8 @@ impl Table {
                 .effects(|e| e.close_units = true)
                 .outcome(OutcomeChange::Failed)
                 .to(TableState::stopped()),
-            Input::RunCancelled | Input::PrepCancelled => context
+            // A check that passed although it was cancelled completed nothing.
+            Input::RunCancelled | Input::PrepCancelled | Input::PrepOk => context
                 .accept()
                 .effects(|e| e.close_units = true)
                 .outcome(OutcomeChange::Cancelled)

@@ -101,8 +101,8 @@ struct Probe {
 impl Probe {
     /// Waits until `n` runs have started; returns their start instants.
     async fn runs(&mut self, n: usize) -> Vec<Instant> {
-        self.starts
-            .wait_for(|starts| starts.len() >= n)
+        let starts = self.starts.wait_for(|starts| starts.len() >= n);
+        bounded(starts, "runs to start")
             .await
             .expect("the unit is alive")
             .clone()
@@ -113,7 +113,7 @@ impl Probe {
     }
 }
 
-fn scripted(name: &str, script: &[Failure]) -> (Handle, Probe) {
+fn scripted_unit(script: &[Failure]) -> (Scripted, Probe) {
     let (orders_tx, orders) = mpsc::unbounded_channel();
     let (starts, starts_rx) = watch::channel(Vec::new());
     let max_live = Arc::new(AtomicUsize::new(0));
@@ -124,16 +124,32 @@ fn scripted(name: &str, script: &[Failure]) -> (Handle, Probe) {
         live: Arc::new(AtomicUsize::new(0)),
         max_live: Arc::clone(&max_live),
     };
-    let handle = Task::builder(name)
-        .unit(unit)
-        .spawn_paused()
-        .expect("in a runtime");
     let probe = Probe {
         starts: starts_rx,
         orders: orders_tx,
         max_live,
     };
+    (unit, probe)
+}
+
+fn scripted(name: &str, script: &[Failure]) -> (Handle, Probe) {
+    let (unit, probe) = scripted_unit(script);
+    let handle = Task::builder(name)
+        .unit(unit)
+        .spawn_paused()
+        .expect("in a runtime");
     (handle, probe)
+}
+
+/// How long a test waits for a state before it fails instead of hanging: on the paused
+/// clock this is virtual time, far beyond every delay a test expects.
+const PATIENCE: Duration = Duration::from_secs(6 * 3600);
+
+async fn bounded<F: std::future::Future>(future: F, what: &str) -> F::Output {
+    match tokio::time::timeout(PATIENCE, future).await {
+        Ok(output) => output,
+        Err(_) => panic!("gave up waiting for {what}"),
+    }
 }
 
 fn secs(secs: u64) -> Duration {
@@ -153,20 +169,31 @@ async fn status_where(
     id: TaskId,
     mut predicate: impl FnMut(&TaskStatus) -> bool,
 ) -> TaskStatus {
-    policy
-        .wait_for(id, |status| status.is_some_and(&mut predicate))
+    let status = policy.wait_for(id, |status| status.is_some_and(&mut predicate));
+    bounded(status, "a policy status")
         .await
         .expect("the task is watched")
 }
 
 async fn paused_failed(task: &Handle, generation: u64) {
-    let snap = task
-        .wait_for(|s| s.stage == Stage::Paused && s.generation == generation)
-        .await;
+    let snap = task.wait_for(|s| s.stage == Stage::Paused && s.generation == generation);
+    let snap = bounded(snap, "a failed run").await;
     assert!(
         snap.outcome.as_ref().is_some_and(|o| o.is_failed()),
         "run {generation} should have failed: {snap:?}"
     );
+}
+
+/// Waits until the task runs its `generation`-th run.
+async fn running(task: &Handle, generation: u64) {
+    let snap = task.wait_for(|s| s.stage == Stage::Running && s.generation == generation);
+    bounded(snap, "a running task").await;
+}
+
+/// Waits until the policy has dropped the task's state.
+async fn forgotten(policy: &AutoResume, id: TaskId) {
+    let status = policy.wait_for(id, |status| status.is_none());
+    assert_eq!(bounded(status, "the policy to forget a task").await, None);
 }
 
 /// Drives one task through four failures with `dispatch_once` at chosen instants, and
@@ -256,8 +283,7 @@ async fn the_driver_resumes_after_1_2_4_8_seconds() {
     // The paused clock jumps to each due instant as soon as everything is idle.
     let starts = probe.runs(5).await;
     assert_eq!(gaps(&starts), [secs(1), secs(2), secs(4), secs(8)]);
-    task.wait_for(|s| s.stage == Stage::Running && s.generation == 5)
-        .await;
+    running(&task, 5).await;
     let status = status_where(&policy, id, |s| {
         matches!(s.standing, Standing::Healthy { .. })
     })
@@ -311,8 +337,7 @@ async fn one_step_is_rolled_back_per_healthy_period() {
     assert_eq!(after.step, 2);
 
     // A new healthy streak starts with the new run; two periods take two steps.
-    task.wait_for(|s| s.stage == Stage::Running && s.generation == 4)
-        .await;
+    running(&task, 4).await;
     let streak = status_where(&policy, id, |s| {
         matches!(s.standing, Standing::Healthy { .. })
     })
@@ -324,6 +349,71 @@ async fn one_step_is_rolled_back_per_healthy_period() {
     let rested = status_where(&policy, id, |s| s.step == 0).await;
     assert_eq!(Instant::now() - since, secs(600));
     assert_eq!(rested.rollback_due, None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_healthy_streak_restarts_after_a_resume_and_survives_the_next_unit() {
+    let settings = no_jitter()
+        .with_healthy_period(secs(300))
+        .expect("positive");
+    let policy = AutoResume::new(settings, classify);
+    let (first, first_probe) = scripted_unit(&[Failure::Blip]);
+    let (second, _second_probe) = scripted_unit(&[]);
+    let task = Task::builder("two-units")
+        .unit(first)
+        .unit(second)
+        .spawn_paused()
+        .expect("in a runtime");
+    let id = policy.add(task.clone());
+    task.resume().await.expect("New resumes");
+
+    // One auto-resume: step 1, then a healthy streak from t1.
+    paused_failed(&task, 1).await;
+    policy.dispatch_once(Instant::now()).await;
+    tokio::time::advance(secs(1)).await;
+    assert_eq!(policy.dispatch_once(Instant::now()).await.resumed, vec![id]);
+    running(&task, 2).await;
+    let t1 = Instant::now();
+    policy.dispatch_once(t1).await;
+    let status = policy.status(id).expect("watched");
+    assert_eq!(
+        (status.standing, status.step),
+        (Standing::Healthy { since: t1 }, 1)
+    );
+
+    // It fails and the user resumes it before the policy looks again: the policy
+    // never saw it at rest, but the new run of the same unit starts a new streak.
+    tokio::time::advance(secs(100)).await;
+    first_probe.order(Order::Fail(Failure::Blip));
+    paused_failed(&task, 2).await;
+    task.resume().await.expect("Paused resumes");
+    running(&task, 3).await;
+    let t2 = Instant::now();
+    policy.dispatch_once(t2).await;
+    let status = policy.status(id).expect("watched");
+    assert_eq!(status.standing, Standing::Healthy { since: t2 });
+    assert_eq!(status.rollback_due, Some(t2 + secs(300)));
+
+    // The first unit completes and the second runs: the same streak goes on.
+    tokio::time::advance(secs(100)).await;
+    first_probe.order(Order::Complete);
+    running(&task, 4).await;
+    policy.dispatch_once(Instant::now()).await;
+    let status = policy.status(id).expect("watched");
+    assert_eq!(
+        (status.standing, status.step),
+        (Standing::Healthy { since: t2 }, 1)
+    );
+
+    // One period after t2 (not after t1), one step is rolled back.
+    tokio::time::advance(secs(199)).await;
+    policy.dispatch_once(Instant::now()).await;
+    assert_eq!(policy.status(id).expect("watched").step, 1);
+    tokio::time::advance(secs(1)).await;
+    let dispatch = policy.dispatch_once(Instant::now()).await;
+    let status = policy.status(id).expect("watched");
+    assert_eq!((status.step, status.rollback_due), (0, None));
+    assert_eq!(dispatch.next_wake, None);
 }
 
 #[tokio::test(start_paused = true)]
@@ -431,8 +521,7 @@ async fn a_resumed_task_that_fails_again_backs_off_further() {
 
     let mut waited = Vec::new();
     for n in 1..=4usize {
-        task.wait_for(|s| s.stage == Stage::Running && s.generation == n as u64)
-            .await;
+        running(&task, n as u64).await;
         // It fails as soon as it runs again: well within the healthy period.
         let failed_at = Instant::now();
         probe.order(Order::Fail(Failure::Blip));
@@ -456,18 +545,16 @@ async fn stopped_finished_and_removed_tasks_lose_their_state() {
     stopped.resume().await.expect("New resumes");
     status_where(&policy, stopped_id, backing_off).await;
     assert_eq!(stopped.stop().await, Ok(Stage::Stopped));
-    assert_eq!(policy.wait_for(stopped_id, |s| s.is_none()).await, None);
+    forgotten(&policy, stopped_id).await;
 
     // Finished after an auto-resume.
     let (finished, p2) = scripted("finished", &[Failure::Blip]);
     let finished_id = policy.add(finished.clone());
     finished.resume().await.expect("New resumes");
     status_where(&policy, finished_id, |s| s.auto_resumes == 1).await;
-    finished
-        .wait_for(|s| s.stage == Stage::Running && s.generation == 2)
-        .await;
+    running(&finished, 2).await;
     p2.order(Order::Complete);
-    assert_eq!(policy.wait_for(finished_id, |s| s.is_none()).await, None);
+    forgotten(&policy, finished_id).await;
     assert_eq!(finished.stage(), Stage::Finished);
 
     // Removed while backing off: never resumed afterwards.
@@ -658,8 +745,7 @@ async fn many_tasks_on_a_multi_thread_runtime() {
 
     let settle = async {
         for (task, probe, id) in &flaky {
-            task.wait_for(|s| s.stage == Stage::Running && s.generation == 4)
-                .await;
+            running(&task, 4).await;
             let status = status_where(&policy, *id, |s| {
                 matches!(s.standing, Standing::Healthy { .. })
             })

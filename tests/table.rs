@@ -147,9 +147,11 @@ fn expected(stage: Stage, input: Input) -> Want {
         // Stopping
         (Stopping, Pause | Resume | Update) => Want::Refuse(Refusal::StopInProgress),
         (Stopping, Stop) => to(Stopping),
-        (Stopping, RunOk { .. } | PrepOk) => to(Stopped).close().outcome(O::Completed),
+        (Stopping, RunOk { .. }) => to(Stopped).unit_done().close().outcome(O::Completed),
         (Stopping, RunFailed | PrepFailed) => to(Stopped).close().outcome(O::Failed),
-        (Stopping, RunCancelled | PrepCancelled) => to(Stopped).close().outcome(O::Cancelled),
+        (Stopping, RunCancelled | PrepCancelled | PrepOk) => {
+            to(Stopped).close().outcome(O::Cancelled)
+        }
         // Terminal stages
         (Stopped, Stop) => to(Stopped),
         (Stopped, Pause | Resume | Update) => Want::Refuse(Refusal::Stopped),

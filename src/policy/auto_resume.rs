@@ -120,9 +120,9 @@ pub struct TaskStatus {
 pub struct Dispatch {
     /// The tasks it resumed.
     pub resumed: Vec<TaskId>,
-    /// The earliest instant at which something is due (an auto-resume or a rollback),
-    /// if anything is: the next dispatch should happen then, or at the next stage
-    /// change, whichever comes first.
+    /// The earliest instant after the dispatch's `now` at which something is due (an
+    /// auto-resume or a rollback), if anything is: the next dispatch should happen
+    /// then, or at the next stage change of a watched task, whichever comes first.
     pub next_wake: Option<Instant>,
 }
 
@@ -373,16 +373,20 @@ impl<C: Send + Sync + 'static> Entry<C> {
             Stage::Stopped | Stage::Finished => return Action::Forget,
             Stage::New => self.standing = Standing::NotStarted,
             Stage::Pausing | Stage::Resuming | Stage::Stopping => {
+                // The failure is over: the task was resumed (a new generation), or
+                // is being stopped. Keeping its due instant would wake the driver
+                // for nothing until the stage settles.
+                self.settle_failure();
                 self.standing = Standing::Changing;
             }
             Stage::Running => {
-                self.failure = None;
+                self.settle_failure();
                 self.observe_healthy(snap, now, settings);
             }
             Stage::Paused if snap.user_paused => {
                 // The user's mark wins over any schedule (an error-paused task that
                 // the user then paused included).
-                self.failure = None;
+                self.settle_failure();
                 self.standing = Standing::UserPaused;
             }
             Stage::Paused => return self.observe_failure(snap, resumable, now),
@@ -501,19 +505,30 @@ impl<C: Send + Sync + 'static> Entry<C> {
         action
     }
 
-    /// The resume of `generation`'s failure was accepted.
+    /// Forgets the failure record, unless it is a resume in flight: the dispatch
+    /// that claimed it settles it.
+    fn settle_failure(&mut self) {
+        if !matches!(
+            self.failure,
+            Some(Failure {
+                decision: Decision::Claimed { .. },
+                ..
+            })
+        ) {
+            self.failure = None;
+        }
+    }
+
+    /// The resume of `generation`'s failure, claimed by the caller, was accepted.
+    ///
+    /// Only the dispatch that turned the failure from scheduled into claimed (under
+    /// the policy's lock) calls this, so each auto-resume steps the backoff once.
     fn resumed(&mut self, generation: u64) {
-        if let Some(Failure {
-            generation: g,
-            decision: Decision::Claimed { .. },
-        }) = self.failure
-        {
-            if g == generation {
-                self.failure = None;
-                self.backoff.advance();
-                self.auto_resumes += 1;
-                self.standing = Standing::Changing;
-            }
+        self.backoff.advance();
+        self.auto_resumes += 1;
+        if matches!(self.failure, Some(Failure { generation: g, .. }) if g == generation) {
+            self.failure = None;
+            self.standing = Standing::Changing;
         }
     }
 
@@ -664,10 +679,14 @@ impl<C: Send + Sync + 'static> Inner<C> {
                 }
             }
         }
+        // Only instants after `now`: anything due by now was handled above, or
+        // waits for a stage change (which wakes the driver anyway), so a past
+        // instant would only make the driver spin.
         let next_wake = lock(&self.state)
             .entries
             .values()
             .filter_map(|entry| entry.next_wake(&self.settings))
+            .filter(|at| *at > now)
             .min();
         if !forgotten.is_empty() {
             self.members_changed.notify_one();

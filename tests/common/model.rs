@@ -337,13 +337,16 @@ impl Model {
                 self.stage = Paused;
             }
             // Stopping: any exit → Stopped, units closed; an error is kept as the
-            // outcome. A run (or, in the crate's reading, a check) that returned Ok
-            // is recorded as completed.
-            (_, Stopping, exit) => {
-                self.outcome = Some(match exit {
-                    Exit::Ok => Outcome::Completed,
-                    Exit::Failed(failure) => failed(failure),
-                    Exit::Cancelled => Outcome::Cancelled,
+            // outcome. A run that returned Ok completed its unit; a check that
+            // returned Ok completed nothing, so it counts as cancelled.
+            (kind, Stopping, exit) => {
+                self.outcome = Some(match (kind, exit) {
+                    (Kind::Run, Exit::Ok) => {
+                        self.complete_unit();
+                        Outcome::Completed
+                    }
+                    (Kind::Prep, Exit::Ok) | (_, Exit::Cancelled) => Outcome::Cancelled,
+                    (_, Exit::Failed(failure)) => failed(failure),
                 });
                 self.close_remaining();
                 self.stage = Stopped;
