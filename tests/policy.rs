@@ -91,6 +91,34 @@ impl Unit for Scripted {
     }
 }
 
+/// A unit whose first run fails with a blip, and whose pre-start check before a resume
+/// waits until the test opens a gate.
+struct SlowCheck {
+    runs: u32,
+    gate: watch::Receiver<bool>,
+}
+
+impl Unit for SlowCheck {
+    async fn prepare(&mut self, ctx: RunContext) -> Result<(), RunError> {
+        if ctx.is_resume() {
+            self.gate
+                .wait_for(|open| *open)
+                .await
+                .map_err(|_| RunError::msg("gate dropped"))?;
+        }
+        Ok(())
+    }
+
+    async fn run(&mut self, ctx: RunContext) -> Result<RunExit, RunError> {
+        self.runs += 1;
+        if self.runs == 1 {
+            return Err(RunError::new(Failure::Blip));
+        }
+        ctx.cancelled().await;
+        Ok(RunExit::Cancelled)
+    }
+}
+
 /// The test's side of a scripted unit.
 struct Probe {
     starts: watch::Receiver<Vec<Instant>>,
@@ -414,6 +442,50 @@ async fn a_healthy_streak_restarts_after_a_resume_and_survives_the_next_unit() {
     let status = policy.status(id).expect("watched");
     assert_eq!((status.step, status.rollback_due), (0, None));
     assert_eq!(dispatch.next_wake, None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_user_resume_in_progress_cancels_the_schedule() {
+    let policy = AutoResume::new(no_jitter(), classify);
+    let (gate, gate_rx) = watch::channel(false);
+    let task = Task::builder("slow-check")
+        .unit(SlowCheck {
+            runs: 0,
+            gate: gate_rx,
+        })
+        .spawn_paused()
+        .expect("in a runtime");
+    let id = policy.add(task.clone());
+    task.resume().await.expect("New resumes");
+    paused_failed(&task, 1).await;
+    let failed_at = Instant::now();
+    let dispatch = policy.dispatch_once(failed_at).await;
+    assert_eq!(dispatch.next_wake, Some(failed_at + secs(1)));
+
+    // The user resumes before the policy does; the pre-start check outlasts the due
+    // instant.
+    tokio::time::advance(Duration::from_millis(500)).await;
+    task.resume().await.expect("Paused resumes");
+    tokio::time::advance(secs(2)).await;
+    assert_eq!(task.stage(), Stage::Resuming);
+    let dispatch = policy.dispatch_once(Instant::now()).await;
+    assert!(dispatch.resumed.is_empty());
+    assert_eq!(
+        dispatch.next_wake, None,
+        "nothing is due: the failure is over"
+    );
+    let status = policy.status(id).expect("watched");
+    assert_eq!(
+        (status.standing, status.next_due),
+        (Standing::Changing, None)
+    );
+
+    gate.send_replace(true);
+    running(&task, 2).await;
+    policy.dispatch_once(Instant::now()).await;
+    let status = policy.status(id).expect("watched");
+    assert!(matches!(status.standing, Standing::Healthy { .. }));
+    assert_eq!((status.step, status.auto_resumes), (0, 0));
 }
 
 #[tokio::test(start_paused = true)]
