@@ -817,7 +817,7 @@ async fn many_tasks_on_a_multi_thread_runtime() {
 
     let settle = async {
         for (task, probe, id) in &flaky {
-            running(&task, 4).await;
+            running(task, 4).await;
             let status = status_where(&policy, *id, |s| {
                 matches!(s.standing, Standing::Healthy { .. })
             })
