@@ -29,6 +29,9 @@ pub enum Refusal {
     Stopped,
     /// Every unit completed; that is final.
     Finished,
+    /// A conditional command found that the task had changed since the caller
+    /// observed it (see `Handle::resume_if_unchanged`).
+    Changed,
 }
 
 impl fmt::Display for Refusal {
@@ -42,6 +45,7 @@ impl fmt::Display for Refusal {
             Refusal::StopInProgress => "a stop is in progress",
             Refusal::Stopped => "the task is stopped",
             Refusal::Finished => "the task is finished",
+            Refusal::Changed => "the task changed since it was observed",
         })
     }
 }

@@ -677,3 +677,29 @@ on_both_runtimes! {
         assert!(seen.len() >= 2);
     }
 }
+
+on_both_runtimes! {
+    async fn a_conditional_resume_loses_to_a_pause_issued_after_the_snapshot() {
+        let live = Live::new();
+        let (unit, remote) = scripted("u", &live);
+        let handle = Task::builder("t").unit(unit).spawn().unwrap();
+        handle.wait_for_stage(|s| s == Stage::Running).await;
+        remote.order(Order::Fail("network blip"));
+        let observed = paused_or_finished(&handle).await;
+        assert!(!observed.user_paused);
+        // The user pauses the error-paused task after a supervisor looked at it.
+        assert_eq!(handle.pause().await.unwrap(), Stage::Paused);
+        let err = handle.resume_if_unchanged(observed.seq).await.unwrap_err();
+        assert_eq!(
+            err,
+            Error::Refused { command: Command::Resume, stage: Stage::Paused, reason: Refusal::Changed }
+        );
+        let now = handle.snapshot();
+        assert_eq!((now.stage, now.generation), (Stage::Paused, observed.generation));
+        assert!(now.user_paused);
+        // With a fresh look it goes through.
+        handle.resume_if_unchanged(now.seq).await.unwrap();
+        handle.wait_for(|s| s.stage == Stage::Running && s.generation == 2).await;
+        handle.stop().await.unwrap();
+    }
+}

@@ -307,7 +307,21 @@ impl<K: CancelHandle, C> Lifecycle<K, C> {
     /// [`Error::Refused`] when the table refuses the command in the current stage;
     /// nothing changes then.
     pub fn command(&self, command: Command) -> Result<Applied<K, C>, Error> {
-        self.input(Input::from_command(command), None, None)
+        self.input(Input::from_command(command), None, None, None)
+    }
+
+    /// Issues `command` only if the core's change counter still equals `seq` (taken
+    /// from a [`Snapshot`]): a compare-and-set for callers that decide from what they
+    /// observed, such as an auto-resume policy that must not resume a task the user
+    /// paused a moment ago.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Refused`] with [`Refusal::Changed`](crate::Refusal::Changed) when
+    /// anything changed since `seq`; otherwise as [`Lifecycle::command`]. Nothing
+    /// changes on an error.
+    pub fn command_if_unchanged(&self, command: Command, seq: u64) -> Result<Applied<K, C>, Error> {
+        self.input(Input::from_command(command), None, None, Some(seq))
     }
 
     /// Replaces the configuration, if no run holds a unit.
@@ -316,7 +330,7 @@ impl<K: CancelHandle, C> Lifecycle<K, C> {
     ///
     /// [`Error::Refused`] outside New and Paused; the configuration is unchanged then.
     pub fn update(&self, config: C) -> Result<Applied<K, C>, Error> {
-        self.input(Input::Update, None, Some(config))
+        self.input(Input::Update, None, Some(config), None)
     }
 
     /// Reports how the pre-start check of `generation` ended.
@@ -350,7 +364,7 @@ impl<K: CancelHandle, C> Lifecycle<K, C> {
             Exit::Failed(error) => Some(error),
             Exit::Ok | Exit::Cancelled => None,
         };
-        match self.input(input, Some((generation, error)), None) {
+        match self.input(input, Some((generation, error)), None, None) {
             Ok(applied) => applied,
             // Reports are events, which the table never refuses.
             Err(_) => Applied::ignored(),
@@ -362,8 +376,18 @@ impl<K: CancelHandle, C> Lifecycle<K, C> {
         mut input: Input,
         report: Option<(u64, Option<RunError>)>,
         config: Option<C>,
+        expected_seq: Option<u64>,
     ) -> Result<Applied<K, C>, Error> {
         let mut state = lock(&self.state);
+        if let (Some(seq), Some(command)) = (expected_seq, input.command()) {
+            if seq != state.seq {
+                return Err(Error::Refused {
+                    command,
+                    stage: state.stage,
+                    reason: crate::error::Refusal::Changed,
+                });
+            }
+        }
         let mut error = None;
         if let Some((generation, reported_error)) = report {
             // Invariant 6: the stale fence comes before the table.

@@ -705,12 +705,13 @@ impl<C: Send + Sync + 'static> Inner<C> {
             settled: false,
         };
         // Look again right before the command: the user may have paused or resumed
-        // the task since it was observed.
+        // the task since it was observed. The resume is conditional on nothing having
+        // changed since this look, so a pause in between wins.
         let snap = handle.snapshot();
         if snap.generation != generation || failed_not_user_paused(&snap).is_none() {
             return false;
         }
-        match handle.resume().await {
+        match handle.resume_if_unchanged(snap.seq).await {
             Ok(()) => {
                 claim.settled = true;
                 if let Some(entry) = lock(&self.state).entries.get_mut(&id) {

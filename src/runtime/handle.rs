@@ -253,6 +253,31 @@ impl<C: Send + Sync + 'static> Handle<C> {
         Ok(())
     }
 
+    /// Resumes the task only if nothing about it changed since `seq` (a
+    /// [`TaskSnapshot::seq`] the caller observed): no command accepted, no run
+    /// returned. Otherwise as [`Handle::resume`].
+    ///
+    /// This is how a supervisor acts on what it saw without racing the user: a task
+    /// that the user paused (or resumed) after the snapshot is left alone.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Refused`] with [`Refusal::Changed`](crate::Refusal::Changed) when the
+    /// task changed since `seq`; otherwise as [`Handle::resume`]. Nothing changes on an
+    /// error.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: the command is complete at the first poll.
+    pub async fn resume_if_unchanged(&self, seq: u64) -> Result<(), Error> {
+        let applied = self
+            .shared()
+            .core
+            .command_if_unchanged(Command::Resume, seq)?;
+        self.shared().carry_out(applied);
+        Ok(())
+    }
+
     /// Stops the task with the task's stop grace period (10 s by default). See
     /// [`Handle::stop_within`].
     ///
