@@ -95,7 +95,7 @@ pub use error::{BuildError, Error, Refusal, RunError};
 pub use outcome::{Exit, Outcome};
 #[cfg(not(taskstage_loom))]
 pub use runtime::{
-    Handle, Progress, RunContext, RunExit, StageEvent, TaskBuilder, TaskSnapshot, Unit,
+    Handle, Progress, RunContext, RunExit, StageEvent, TaskBuilder, TaskSnapshot, Unit, WeakHandle,
 };
 pub use stage::{Command, Stage};
 #[cfg(not(taskstage_loom))]

@@ -11,7 +11,7 @@
 #[cfg(not(taskstage_loom))]
 pub use std::sync::{
     atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering},
-    Arc, Condvar, Mutex, MutexGuard,
+    Arc, Condvar, Mutex, MutexGuard, Weak,
 };
 
 #[cfg(taskstage_loom)]

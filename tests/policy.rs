@@ -228,7 +228,7 @@ async fn forgotten(policy: &AutoResume, id: TaskId) {
 /// returns the scheduled delays (`until - observed`).
 async fn scheduled_delays(policy: &AutoResume) -> Vec<Duration> {
     let (task, _probe) = scripted("flaky", &[Failure::Blip; 5]);
-    let id = policy.add(task.clone());
+    let id = policy.add(&task);
     task.resume().await.expect("New resumes");
     let mut delays = Vec::new();
     for step in 0..4u32 {
@@ -305,7 +305,7 @@ async fn the_driver_resumes_after_1_2_4_8_seconds() {
     let policy = AutoResume::new(no_jitter(), classify);
     let driver = tokio::spawn(policy.run());
     let (task, mut probe) = scripted("flaky", &[Failure::Blip; 4]);
-    let id = policy.add(task.clone());
+    let id = policy.add(&task);
     task.resume().await.expect("New resumes");
 
     // The paused clock jumps to each due instant as soon as everything is idle.
@@ -334,7 +334,7 @@ async fn one_step_is_rolled_back_per_healthy_period() {
     let policy = AutoResume::new(settings, classify);
     tokio::spawn(policy.run());
     let (task, mut probe) = scripted("flaky", &[Failure::Blip; 2]);
-    let id = policy.add(task.clone());
+    let id = policy.add(&task);
     task.resume().await.expect("New resumes");
 
     // Two failures, two auto-resumes (after 1 s and 2 s): step 2, then healthy.
@@ -392,7 +392,7 @@ async fn a_healthy_streak_restarts_after_a_resume_and_survives_the_next_unit() {
         .unit(second)
         .spawn_paused()
         .expect("in a runtime");
-    let id = policy.add(task.clone());
+    let id = policy.add(&task);
     task.resume().await.expect("New resumes");
 
     // One auto-resume: step 1, then a healthy streak from t1.
@@ -455,7 +455,7 @@ async fn a_user_resume_in_progress_cancels_the_schedule() {
         })
         .spawn_paused()
         .expect("in a runtime");
-    let id = policy.add(task.clone());
+    let id = policy.add(&task);
     task.resume().await.expect("New resumes");
     paused_failed(&task, 1).await;
     let failed_at = Instant::now();
@@ -494,8 +494,8 @@ async fn two_tasks_are_independent() {
     tokio::spawn(policy.run());
     let (blocked, blocked_probe) = scripted("blocked", &[Failure::Fatal]);
     let (flaky, mut flaky_probe) = scripted("flaky", &[Failure::Blip; 4]);
-    let blocked_id = policy.add(blocked.clone());
-    let flaky_id = policy.add(flaky.clone());
+    let blocked_id = policy.add(&blocked);
+    let flaky_id = policy.add(&flaky);
     let started = Instant::now();
     blocked.resume().await.expect("New resumes");
     flaky.resume().await.expect("New resumes");
@@ -539,14 +539,14 @@ async fn user_paused_tasks_are_never_resumed() {
 
     // A running task the user pauses.
     let (running, _running_probe) = scripted("running", &[]);
-    let running_id = policy.add(running.clone());
+    let running_id = policy.add(&running);
     running.resume().await.expect("New resumes");
     running.wait_for_stage(|s| s == Stage::Running).await;
     assert_eq!(running.pause().await, Ok(Stage::Paused));
 
     // A task that failed resumably, then the user paused it before its resume was due.
     let (failed, _failed_probe) = scripted("failed", &[Failure::Blip]);
-    let failed_id = policy.add(failed.clone());
+    let failed_id = policy.add(&failed);
     failed.resume().await.expect("New resumes");
     let backing_off = status_where(&policy, failed_id, |s| {
         matches!(s.standing, Standing::BackingOff { .. })
@@ -588,7 +588,7 @@ async fn a_resumed_task_that_fails_again_backs_off_further() {
     let policy = AutoResume::new(no_jitter(), classify);
     tokio::spawn(policy.run());
     let (task, mut probe) = scripted("fragile", &[]);
-    let id = policy.add(task.clone());
+    let id = policy.add(&task);
     task.resume().await.expect("New resumes");
 
     let mut waited = Vec::new();
@@ -613,7 +613,7 @@ async fn stopped_finished_and_removed_tasks_lose_their_state() {
 
     // Stopped while backing off.
     let (stopped, _p1) = scripted("stopped", &[Failure::Blip]);
-    let stopped_id = policy.add(stopped.clone());
+    let stopped_id = policy.add(&stopped);
     stopped.resume().await.expect("New resumes");
     status_where(&policy, stopped_id, backing_off).await;
     assert_eq!(stopped.stop().await, Ok(Stage::Stopped));
@@ -621,7 +621,7 @@ async fn stopped_finished_and_removed_tasks_lose_their_state() {
 
     // Finished after an auto-resume.
     let (finished, p2) = scripted("finished", &[Failure::Blip]);
-    let finished_id = policy.add(finished.clone());
+    let finished_id = policy.add(&finished);
     finished.resume().await.expect("New resumes");
     status_where(&policy, finished_id, |s| s.auto_resumes == 1).await;
     running(&finished, 2).await;
@@ -631,7 +631,7 @@ async fn stopped_finished_and_removed_tasks_lose_their_state() {
 
     // Removed while backing off: never resumed afterwards.
     let (removed, _p3) = scripted("removed", &[Failure::Blip, Failure::Blip]);
-    let removed_id = policy.add(removed.clone());
+    let removed_id = policy.add(&removed);
     removed.resume().await.expect("New resumes");
     status_where(&policy, removed_id, backing_off).await;
     assert!(policy.remove(removed_id).is_some());
@@ -642,11 +642,31 @@ async fn stopped_finished_and_removed_tasks_lose_their_state() {
     assert!(policy.is_empty());
 
     // Added again, it is a new key with fresh state.
-    let again = policy.add(removed.clone());
+    let again = policy.add(&removed);
     assert_ne!(again, removed_id);
     let status = status_where(&policy, again, backing_off).await;
     assert_eq!((status.step, status.auto_resumes), (0, 0));
     assert_eq!(policy.tasks(), vec![again]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_policy_does_not_keep_a_dropped_task_alive() {
+    let policy = AutoResume::new(no_jitter(), classify);
+    tokio::spawn(policy.run());
+    let backing_off = |s: &TaskStatus| matches!(s.standing, Standing::BackingOff { .. });
+    let (task, _probe) = scripted("dropped", &[Failure::Blip, Failure::Blip]);
+    let id = policy.add(&task);
+    task.resume().await.expect("New resumes");
+    status_where(&policy, id, backing_off).await;
+    let mut events = task.subscribe();
+    // The user's last handle goes: the task stops although the policy watches it.
+    drop(task);
+    events
+        .wait_for(|e| e.stage == Stage::Stopped)
+        .await
+        .expect("the task reports Stopped");
+    forgotten(&policy, id).await;
+    assert!(policy.is_empty());
 }
 
 #[tokio::test(start_paused = true)]
@@ -656,7 +676,7 @@ async fn a_panicking_classifier_blocks_the_task() {
     });
     tokio::spawn(policy.run());
     let (task, _probe) = scripted("flaky", &[Failure::Blip]);
-    let id = policy.add(task.clone());
+    let id = policy.add(&task);
     task.resume().await.expect("New resumes");
     let status = status_where(&policy, id, |s| {
         matches!(s.standing, Standing::NotResumable { .. })
@@ -805,11 +825,11 @@ async fn many_tasks_on_a_multi_thread_runtime() {
     let mut flaky = Vec::new();
     for n in 0..8 {
         let (task, probe) = scripted(&format!("flaky-{n}"), &[Failure::Blip; 3]);
-        let id = policy.add(task.clone());
+        let id = policy.add(&task);
         flaky.push((task, probe, id));
     }
     let (blocked, _blocked_probe) = scripted("blocked", &[Failure::Fatal]);
-    let blocked_id = policy.add(blocked.clone());
+    let blocked_id = policy.add(&blocked);
     for (task, _, _) in &flaky {
         task.resume().await.expect("New resumes");
     }

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use super::backoff::{Backoff, BackoffSettings};
 use crate::error::RunError;
 use crate::outcome::Outcome;
-use crate::runtime::{Handle, StageEvent, TaskSnapshot};
+use crate::runtime::{Handle, StageEvent, TaskSnapshot, WeakHandle};
 use crate::stage::Stage;
 use crate::sync::{lock, Arc, Mutex};
 
@@ -147,9 +147,9 @@ type Classifier = dyn Fn(&RunError) -> bool + Send + Sync;
 /// `Clone + Send + Sync`: clones share the same policy. When the last clone is
 /// dropped, the driver returns.
 ///
-/// The policy holds a clone of every watched task's [`Handle`], so a watched task
-/// stays alive (it is stopped when its last handle goes) until it is removed, it
-/// settles in a terminal stage, or the policy is dropped.
+/// The policy holds only a [`WeakHandle`] of every watched task: it never keeps a
+/// task alive. When the user's last [`Handle`] goes, the task stops and the policy
+/// forgets it, as it forgets a task that is removed or settles in a terminal stage.
 ///
 /// # Examples
 ///
@@ -186,7 +186,7 @@ type Classifier = dyn Fn(&RunError) -> bool + Send + Sync;
 /// let driver = tokio::spawn(policy.run());
 ///
 /// let task = Task::builder("copy").unit(Flaky { runs: 0 }).spawn_paused()?;
-/// let id = policy.add(task.clone());
+/// let id = policy.add(&task);
 /// task.resume().await?;
 ///
 /// // The first run fails; the policy resumes the task within the first delay.
@@ -274,7 +274,10 @@ struct State<C: Send + Sync + 'static> {
 
 /// The policy's state for one task.
 struct Entry<C: Send + Sync + 'static> {
-    handle: Handle<C>,
+    /// Weak, so that the policy never keeps a task alive: when the user's last handle
+    /// goes, the task stops and the policy forgets it.
+    handle: WeakHandle<C>,
+    name: String,
     backoff: Backoff,
     stage: Stage,
     generation: u64,
@@ -330,9 +333,10 @@ fn later(at: Instant, by: Duration) -> Instant {
 }
 
 impl<C: Send + Sync + 'static> Entry<C> {
-    fn new(handle: Handle<C>, backoff: Backoff, now: Instant) -> Self {
+    fn new(handle: &Handle<C>, backoff: Backoff, now: Instant) -> Self {
         Entry {
-            handle,
+            handle: handle.downgrade(),
+            name: handle.name().to_owned(),
             backoff,
             stage: Stage::New,
             generation: 0,
@@ -431,7 +435,7 @@ impl<C: Send + Sync + 'static> Entry<C> {
                     None => now,
                 };
                 tracing::info!(
-                    task = self.handle.name(),
+                    task = self.name.as_str(),
                     step = self.backoff.step(),
                     "healthy for {steps} period(s): backoff rolled back"
                 );
@@ -462,7 +466,7 @@ impl<C: Send + Sync + 'static> Entry<C> {
                     let delay = self.backoff.delay();
                     let due = later(now, delay);
                     tracing::info!(
-                        task = self.handle.name(),
+                        task = self.name.as_str(),
                         generation = snap.generation,
                         step = self.backoff.step(),
                         ?delay,
@@ -472,7 +476,7 @@ impl<C: Send + Sync + 'static> Entry<C> {
                 }
                 Some(false) => {
                     tracing::warn!(
-                        task = self.handle.name(),
+                        task = self.name.as_str(),
                         generation = snap.generation,
                         "failure is not resumable: the task is blocked"
                     );
@@ -575,7 +579,7 @@ impl<C: Send + Sync + 'static> Entry<C> {
 
     fn status(&self, settings: &BackoffSettings) -> TaskStatus {
         TaskStatus {
-            name: self.handle.name().to_owned(),
+            name: self.name.as_str().to_owned(),
             stage: self.stage,
             generation: self.generation,
             observed_at: self.observed_at,
@@ -632,12 +636,21 @@ impl<C: Send + Sync + 'static> Inner<C> {
         }
     }
 
+    /// The watched tasks that still have a handle. A task whose last handle is gone
+    /// was stopped by that drop: its state is forgotten here.
     fn members(&self) -> Vec<(TaskId, Handle<C>)> {
-        lock(&self.state)
+        let mut state = lock(&self.state);
+        let mut live = Vec::with_capacity(state.entries.len());
+        state
             .entries
-            .iter()
-            .map(|(id, entry)| (*id, entry.handle.clone()))
-            .collect()
+            .retain(|id, entry| match entry.handle.upgrade() {
+                Some(handle) => {
+                    live.push((*id, handle));
+                    true
+                }
+                None => false,
+            });
+        live
     }
 
     fn changed(&self) {
@@ -800,7 +813,7 @@ impl<C: Send + Sync + 'static> AutoResume<C> {
     /// now. A task already Stopped or Finished is not kept (its status is `None`).
     /// Adding the same task twice watches it twice, with two independent states;
     /// don't.
-    pub fn add(&self, handle: Handle<C>) -> TaskId {
+    pub fn add(&self, handle: &Handle<C>) -> TaskId {
         let inner = self.inner();
         let now = Instant::now();
         let snap = handle.snapshot();
@@ -833,9 +846,9 @@ impl<C: Send + Sync + 'static> AutoResume<C> {
         id
     }
 
-    /// Stops watching a task and drops all its policy state. Returns its handle, or
-    /// `None` if the key is not watched (never was, was removed, or the task settled
-    /// in a terminal stage).
+    /// Stops watching a task and drops all its policy state. Returns a handle to it,
+    /// or `None` if the key is not watched (never was, was removed, the task settled
+    /// in a terminal stage, or its last handle is gone).
     ///
     /// Dropping the returned handle stops the task if it is the task's last handle.
     pub fn remove(&self, id: TaskId) -> Option<Handle<C>> {
@@ -843,7 +856,7 @@ impl<C: Send + Sync + 'static> AutoResume<C> {
         let removed = lock(&inner.state).entries.remove(&id);
         inner.members_changed.notify_one();
         inner.changed();
-        removed.map(|entry| entry.handle)
+        removed.and_then(|entry| entry.handle.upgrade())
     }
 
     /// The keys of the watched tasks, in the order they were added.

@@ -54,7 +54,7 @@
 //! tokio::spawn(policy.run());
 //!
 //! let task = Task::builder("sync").unit(Flaky(0)).spawn_paused()?;
-//! let id = policy.add(task.clone());
+//! let id = policy.add(&task);
 //! let started = tokio::time::Instant::now();
 //! task.resume().await?;
 //!

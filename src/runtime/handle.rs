@@ -12,7 +12,7 @@ use crate::error::Error;
 use crate::lifecycle::{Settle, Snapshot};
 use crate::outcome::Outcome;
 use crate::stage::{Command, Stage};
-use crate::sync::Arc;
+use crate::sync::{Arc, Weak};
 
 /// How long [`Handle::pause`] waits for the run to return, unless told otherwise.
 pub const DEFAULT_PAUSE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -55,6 +55,40 @@ pub const DEFAULT_STOP_GRACE: Duration = Duration::from_secs(10);
 /// ```
 pub struct Handle<C: Send + Sync + 'static = ()> {
     owner: Arc<Owner<C>>,
+}
+
+/// A handle that does not keep its task alive.
+///
+/// Made by [`Handle::downgrade`]. A supervisor that watches tasks (such as the
+/// auto-resume policy) holds these, so that dropping the user's last [`Handle`] still
+/// stops the task.
+pub struct WeakHandle<C: Send + Sync + 'static = ()> {
+    owner: Weak<Owner<C>>,
+}
+
+impl<C: Send + Sync + 'static> Clone for WeakHandle<C> {
+    fn clone(&self) -> Self {
+        WeakHandle {
+            owner: Weak::clone(&self.owner),
+        }
+    }
+}
+
+impl<C: Send + Sync + 'static> fmt::Debug for WeakHandle<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WeakHandle")
+            .field("alive", &(self.owner.strong_count() > 0))
+            .finish()
+    }
+}
+
+impl<C: Send + Sync + 'static> WeakHandle<C> {
+    /// A full handle, if any [`Handle`] of the task is still alive.
+    ///
+    /// Dropping the returned handle stops the task if it has become the last one.
+    pub fn upgrade(&self) -> Option<Handle<C>> {
+        self.owner.upgrade().map(|owner| Handle { owner })
+    }
 }
 
 /// Stops the task when the last handle goes.
@@ -121,6 +155,13 @@ impl<C: Send + Sync + 'static> Handle<C> {
 
     pub(crate) fn shared(&self) -> &Arc<Shared<C>> {
         &self.owner.shared
+    }
+
+    /// A handle that does not keep the task alive: see [`WeakHandle`].
+    pub fn downgrade(&self) -> WeakHandle<C> {
+        WeakHandle {
+            owner: Arc::downgrade(&self.owner),
+        }
     }
 
     /// The task's name.

@@ -14,7 +14,9 @@ mod shared;
 mod unit;
 
 pub use self::builder::TaskBuilder;
-pub use self::handle::{Handle, TaskSnapshot, DEFAULT_PAUSE_TIMEOUT, DEFAULT_STOP_GRACE};
+pub use self::handle::{
+    Handle, TaskSnapshot, WeakHandle, DEFAULT_PAUSE_TIMEOUT, DEFAULT_STOP_GRACE,
+};
 pub use self::unit::{Progress, RunContext, RunExit, Unit};
 
 use crate::lifecycle::Transition;
