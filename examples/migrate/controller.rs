@@ -309,9 +309,14 @@ fn failed(stage: Stage, outcome: Option<&Outcome>) -> bool {
     stage == Stage::Paused && outcome.is_some_and(Outcome::is_failed)
 }
 
+/// The task has ended, or stopped on a failure: no trigger can come any more.
+fn over(s: &taskstage::lifecycle::Snapshot) -> bool {
+    s.stage.is_terminal() || failed(s.stage, s.outcome.as_ref())
+}
+
 /// The unit has been left behind: the task moved past it, ended, or failed.
 fn past(s: &taskstage::lifecycle::Snapshot, unit: usize) -> bool {
-    s.unit.is_none_or(|u| u > unit) || s.stage.is_terminal() || failed(s.stage, s.outcome.as_ref())
+    s.unit.is_none_or(|u| u > unit) || over(s)
 }
 
 fn failure(snap: &TaskSnapshot) -> Option<ControlError> {
@@ -341,6 +346,9 @@ pub(crate) async fn drive(
 ) -> Result<(), ControlError> {
     for action in script {
         if !reached(pipeline, action.trigger, progress).await {
+            if let Some(error) = failure(&pipeline.handle.snapshot()) {
+                return Err(error);
+            }
             // The moment passed (the unit completed first): skip it.
             continue;
         }
@@ -354,10 +362,7 @@ pub(crate) async fn drive(
             return Err(error);
         }
     }
-    let end = pipeline
-        .handle
-        .wait_for(|s| s.stage.is_terminal() || failed(s.stage, s.outcome.as_ref()))
-        .await;
+    let end = pipeline.handle.wait_for(over).await;
     if let Some(error) = failure(&end) {
         return Err(error);
     }
@@ -390,19 +395,17 @@ async fn reached(
         }
         Trigger::Switch { into } => {
             let snap = handle
-                .wait_for(move |s| {
-                    s.unit.is_none_or(|u| u >= into)
-                        || s.stage.is_terminal()
-                        || failed(s.stage, s.outcome.as_ref())
-                })
+                .wait_for(move |s| s.unit.is_none_or(|u| u >= into) || over(s))
                 .await;
-            snap.unit.as_ref().is_some_and(|(u, _)| *u == into) && !snap.stage.is_terminal()
+            snap.unit.as_ref().is_some_and(|(u, _)| *u == into)
+                && !snap.stage.is_terminal()
+                && failure(&snap).is_none()
         }
         Trigger::Delay { unit, after } => {
             let snap = handle
-                .wait_for(move |s| s.unit.is_none_or(|u| u >= unit) || s.stage.is_terminal())
+                .wait_for(move |s| s.unit.is_none_or(|u| u >= unit) || over(s))
                 .await;
-            if snap.unit.as_ref().map(|(u, _)| *u) != Some(unit) {
+            if snap.unit.as_ref().map(|(u, _)| *u) != Some(unit) || failure(&snap).is_some() {
                 return false;
             }
             // A scripted delay, not a wait for a state: the pause lands wherever the
@@ -472,6 +475,11 @@ async fn pause_cycle(
         Some(result) => result,
         None => pause.await,
     };
+    // Invariant 2, measured on the real program: a returned pause leaves no run alive
+    // (unless the early resume was accepted and started the next one).
+    if !resumed_early {
+        counts.live_after_pause = counts.live_after_pause.max(pipeline.env.live.now());
+    }
     match result {
         Ok(Stage::Paused) => {
             counts.pauses += 1;
@@ -523,7 +531,9 @@ async fn stop_and_restart(
     counts: &mut Counts,
 ) -> Result<(), ControlError> {
     pipeline.note(format!("stop {trigger}"), true);
-    match pipeline.handle.stop().await? {
+    let stopped = pipeline.handle.stop().await?;
+    counts.live_after_pause = counts.live_after_pause.max(pipeline.env.live.now());
+    match stopped {
         Stage::Stopped => {
             counts.stops += 1;
             pipeline.restart().await?;

@@ -327,6 +327,9 @@ pub(crate) struct Counts {
     pub(crate) stops: u32,
     /// New tasks built after a stop, continuing from the checkpoints.
     pub(crate) restarts: u32,
+    /// The most runs found live the instant a pause or a stop returned (must be 0:
+    /// a returned pause means no run, and no batch of one, is left).
+    pub(crate) live_after_pause: usize,
 }
 
 /// How many runs each unit had.
@@ -408,6 +411,12 @@ impl Summary {
             problems.push(format!(
                 "at most {} runs were live at once (must be exactly 1)",
                 self.max_live
+            ));
+        }
+        if self.counts.live_after_pause != 0 {
+            problems.push(format!(
+                "{} runs were still live when a pause or stop returned",
+                self.counts.live_after_pause
             ));
         }
         if self.live_at_end != 0 {
@@ -509,10 +518,14 @@ pub(crate) fn render(summary: &Summary) -> String {
     line(
         &mut out,
         "stops / restarts",
-        format!(
-            "{} / {} (the restart continued from the checkpoints)",
-            c.stops, c.restarts
-        ),
+        if c.restarts > 0 {
+            format!(
+                "{} / {} (the new task continued from the checkpoints)",
+                c.stops, c.restarts
+            )
+        } else {
+            format!("{} / {}", c.stops, c.restarts)
+        },
     );
     let runs = UNIT_NAMES
         .iter()
@@ -550,8 +563,8 @@ pub(crate) fn render(summary: &Summary) -> String {
         &mut out,
         "max live runs",
         format!(
-            "{} (over {} runs; {} live at the end)",
-            summary.max_live, summary.runs_entered, summary.live_at_end
+            "{} (over {} runs; {} live when a pause or stop returned, {} at the end)",
+            summary.max_live, summary.runs_entered, c.live_after_pause, summary.live_at_end
         ),
     );
     let digest = |d: Option<Digest>| match d {

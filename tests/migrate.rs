@@ -1,0 +1,517 @@
+//! The migrate example (the README's main job) at small scale, through its own code:
+//! a 5,000-row migration paused, resumed, stopped and restarted under a live writer
+//! ends with the target equal to the source and never more than one live run, on the
+//! current-thread runtime (with tokio's paused clock) and on the multi-thread runtime.
+//! Bad input (a missing directory, a file that is not a database, a locked target, an
+//! incompatible schema, another source's target, bad flags) gets a typed error, and
+//! the source's bytes never change.
+
+#[path = "../examples/migrate/cli.rs"]
+mod cli;
+#[path = "../examples/migrate/controller.rs"]
+mod controller;
+#[path = "../examples/migrate/db.rs"]
+mod db;
+#[path = "../examples/migrate/live.rs"]
+mod live;
+#[path = "../examples/migrate/program.rs"]
+mod program;
+#[path = "../examples/migrate/report.rs"]
+mod report;
+#[path = "../examples/migrate/units.rs"]
+mod units;
+#[path = "../examples/migrate/writer.rs"]
+mod writer;
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use cli::{CliError, Invocation, Options};
+use controller::{Act, Trigger};
+use db::{DbError, Role};
+use program::MigrateError;
+use report::{Screen, Summary};
+
+/// A fresh directory under the system's temporary directory, removed on drop.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Scratch {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!(
+            "taskstage-migrate-test-{}-{name}-{n}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("create a scratch directory");
+        Scratch(dir)
+    }
+
+    fn path(&self, file: &str) -> PathBuf {
+        self.0.join(file)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn small(seed: u64) -> Options {
+    Options {
+        rows: 5_000,
+        pauses: 12,
+        quiet: true,
+        ..Options::with_seed(seed)
+    }
+}
+
+async fn run(options: &Options) -> Result<Summary, MigrateError> {
+    let screen = Arc::new(Screen::new(true));
+    let result = program::run(options, Arc::clone(&screen)).await;
+    screen.finish();
+    result
+}
+
+/// Everything a passing run must show, checked one by one so a failure says which.
+fn assert_passed(summary: &Summary) {
+    let text = report::render(summary);
+    assert!(summary.failure.is_none(), "{text}");
+    assert_eq!(summary.max_live, 1, "{text}");
+    assert_eq!(summary.live_at_end, 0, "{text}");
+    assert_eq!(summary.counts.live_after_pause, 0, "{text}");
+    let (source, target) = (
+        summary.source_digest.unwrap(),
+        summary.target_digest.unwrap(),
+    );
+    assert_eq!(source, target, "{text}");
+    assert!(summary.verified(), "{text}");
+    assert!(summary.problems().is_empty(), "{text}");
+    assert!(text.contains("verification: passed"), "{text}");
+    for (unit, cp) in &summary.checkpoints {
+        assert!(cp.done, "checkpoint {unit} is not complete\n{text}");
+    }
+}
+
+/// The generated-source run: a live writer, pauses, one stop and restart.
+fn assert_full_run(summary: &Summary) {
+    assert_passed(summary);
+    let text = report::render(summary);
+    let c = summary.counts;
+    assert!(c.pauses > 0, "{text}");
+    assert!(c.pauses_at_switch >= 1, "{text}");
+    assert_eq!(c.stops, 1, "{text}");
+    assert_eq!(c.restarts, 1, "{text}");
+    // Every pause that reached Paused was resumed (once: early or after the hold).
+    assert_eq!(c.resumes, c.pauses, "{text}");
+    assert!(
+        summary.writes.total() > 0,
+        "the writer wrote nothing\n{text}"
+    );
+    // A stop and a restart: the load ran in both tasks, the second from its checkpoint.
+    assert!(summary.runs[1].runs >= 2, "{text}");
+    assert!(summary.runs[1].continued >= 1, "{text}");
+    // Every run entered the live counter, and the timeline saw both tasks finish/stop.
+    let runs: u32 = summary.runs.iter().map(|r| r.runs).sum();
+    assert_eq!(runs as usize, summary.runs_entered, "{text}");
+    assert!(text.contains("task 2"), "{text}");
+    assert!(text.contains("Finished"), "{text}");
+    assert!(text.contains("Stopped"), "{text}");
+    // The source grew by the writer's inserts and shrank by its deletes.
+    let rows = summary.source_digest.unwrap().rows;
+    assert_eq!(
+        rows,
+        5_000 + summary.writes.inserted - summary.writes.deleted,
+        "{text}"
+    );
+    // A passing run removes its work directory.
+    assert!(summary.kept_dir.is_none(), "{text}");
+    assert!(!summary.source.exists(), "{text}");
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_small_migration_passes_on_the_current_thread_runtime() {
+    let summary = run(&small(7)).await.expect("the migration starts");
+    assert_full_run(&summary);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_migration_passes_on_the_multi_thread_runtime() {
+    let summary = run(&small(1_234)).await.expect("the migration starts");
+    assert_full_run(&summary);
+}
+
+#[test]
+fn the_live_run_counter_sees_an_overlap_and_a_batch_outliving_its_run() {
+    let runs = Arc::new(live::LiveRuns::default());
+    let first = runs.enter();
+    let batch = first.clone(); // a blocking batch the first run started
+    drop(first);
+    assert_eq!(runs.now(), 1, "the batch keeps the first run live");
+    let second = runs.enter();
+    assert_eq!(runs.max(), 2, "two live copies must be counted as two");
+    drop(batch);
+    drop(second);
+    assert_eq!((runs.now(), runs.max(), runs.entered()), (0, 2, 2));
+}
+
+#[test]
+fn the_same_seed_gives_the_same_script() {
+    let script = controller::plan(99, 12);
+    assert_eq!(script, controller::plan(99, 12));
+    assert_ne!(script, controller::plan(100, 12));
+    let pauses = script
+        .iter()
+        .filter(|a| matches!(a.act, Act::Pause { .. }))
+        .count();
+    assert_eq!(pauses, 12);
+    let switches: Vec<_> = script
+        .iter()
+        .filter_map(|a| match a.trigger {
+            Trigger::Switch { into } => Some(into),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(switches, [1, 2], "one pause at each unit switch");
+    let stops = script
+        .iter()
+        .filter(|a| a.act == Act::StopAndRestart)
+        .count();
+    assert_eq!(stops, 1);
+    // No pauses: only the stop and restart remains.
+    assert_eq!(controller::plan(99, 0).len(), 1);
+}
+
+// ------------------------------------------------------------------ existing files
+
+fn generate(path: &Path, rows: u64) {
+    db::generate_source(path, rows, 3).expect("generate a source");
+}
+
+fn bytes(path: &Path) -> Vec<u8> {
+    std::fs::read(path).expect("read the file")
+}
+
+fn existing(source: &Path, target: &Path) -> Options {
+    Options {
+        source: Some(source.to_owned()),
+        target: Some(target.to_owned()),
+        pauses: 4,
+        quiet: true,
+        ..Options::with_seed(11)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_existing_source_is_only_read_and_a_finished_target_continues() {
+    let dir = Scratch::new("existing");
+    let (source, target) = (dir.path("source.db"), dir.path("target.db"));
+    generate(&source, 3_000);
+    let before = bytes(&source);
+
+    let summary = run(&existing(&source, &target)).await.expect("starts");
+    assert_passed(&summary);
+    assert_eq!(
+        summary.writes.total(),
+        0,
+        "no writer on a source it did not create"
+    );
+    assert_eq!(summary.target_digest.unwrap().rows, 3_000);
+    assert!(!summary.continued_target);
+    assert_eq!(bytes(&source), before, "the source changed");
+
+    // Again, on the same target: every unit finds its checkpoint complete.
+    let again = run(&existing(&source, &target)).await.expect("starts");
+    assert_passed(&again);
+    assert!(again.continued_target);
+    assert_eq!(again.target_digest, summary.target_digest);
+    assert_eq!(bytes(&source), before, "the source changed");
+}
+
+async fn refused(options: &Options) -> DbError {
+    match run(options).await {
+        Ok(summary) => panic!("expected an error, got\n{}", report::render(&summary)),
+        Err(MigrateError::Db(e)) => e,
+        Err(e) => panic!("expected a database error, got {e}"),
+    }
+}
+
+#[tokio::test]
+async fn a_target_in_a_missing_directory_is_refused() {
+    let dir = Scratch::new("missing-dir");
+    let source = dir.path("source.db");
+    generate(&source, 200);
+    let before = bytes(&source);
+    let target = dir.path("no/such/dir/target.db");
+    let err = refused(&existing(&source, &target)).await;
+    assert!(
+        matches!(&err, DbError::MissingDirectory { role: Role::Target, path, .. } if *path == target),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("does not exist"), "{err}");
+    assert!(err.to_string().contains("target database"), "{err}");
+    assert_eq!(bytes(&source), before);
+}
+
+#[tokio::test]
+async fn a_missing_source_file_is_refused() {
+    let dir = Scratch::new("missing-source");
+    let source = dir.path("nothing-here.db");
+    let err = refused(&existing(&source, &dir.path("target.db"))).await;
+    assert!(
+        matches!(
+            &err,
+            DbError::MissingFile {
+                role: Role::Source,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(!source.exists(), "a missing source must not be created");
+}
+
+#[tokio::test]
+async fn files_that_are_not_databases_are_refused_and_left_alone() {
+    let dir = Scratch::new("not-a-db");
+    let garbage: Vec<u8> = (0..8192u32).map(|i| (i * 7 + 13) as u8).collect();
+
+    // A corrupt source.
+    let source = dir.path("source.db");
+    std::fs::write(&source, &garbage).unwrap();
+    let err = refused(&existing(&source, &dir.path("target.db"))).await;
+    assert!(
+        matches!(
+            &err,
+            DbError::NotADatabase {
+                role: Role::Source,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("not a database"), "{err}");
+    assert_eq!(bytes(&source), garbage, "the source changed");
+
+    // A corrupt target, with a good source.
+    let good = dir.path("good.db");
+    generate(&good, 200);
+    let before = bytes(&good);
+    let target = dir.path("target.db");
+    std::fs::write(&target, &garbage).unwrap();
+    let err = refused(&existing(&good, &target)).await;
+    assert!(
+        matches!(&err, DbError::NotADatabase { role: Role::Target, path } if *path == target),
+        "{err:?}"
+    );
+    assert_eq!(bytes(&target), garbage, "the corrupt target was written to");
+    assert_eq!(bytes(&good), before, "the source changed");
+}
+
+#[tokio::test]
+async fn a_locked_target_is_refused() {
+    let dir = Scratch::new("locked");
+    let source = dir.path("source.db");
+    generate(&source, 200);
+    let before = bytes(&source);
+    let target = dir.path("target.db");
+    let holder = rusqlite::Connection::open(&target).unwrap();
+    holder
+        .execute_batch(
+            "CREATE TABLE unrelated (x); BEGIN EXCLUSIVE; INSERT INTO unrelated VALUES (1);",
+        )
+        .unwrap();
+    let err = refused(&existing(&source, &target)).await;
+    assert!(
+        matches!(
+            &err,
+            DbError::Locked {
+                role: Role::Target,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("locked"), "{err}");
+    holder.execute_batch("ROLLBACK").unwrap();
+    assert_eq!(bytes(&source), before);
+}
+
+#[tokio::test]
+async fn a_target_with_an_incompatible_schema_is_refused() {
+    let dir = Scratch::new("schema");
+    let source = dir.path("source.db");
+    generate(&source, 200);
+    let before = bytes(&source);
+
+    // A different `accounts` table.
+    let target = dir.path("target.db");
+    rusqlite::Connection::open(&target)
+        .unwrap()
+        .execute_batch("CREATE TABLE accounts (id INTEGER PRIMARY KEY, name TEXT)")
+        .unwrap();
+    let err = refused(&existing(&source, &target)).await;
+    assert!(
+        matches!(&err, DbError::IncompatibleSchema { role: Role::Target, detail, .. }
+            if detail.contains("accounts") && detail.contains("balance_cents")),
+        "{err:?}"
+    );
+
+    // The right table, but holding rows no migration wrote.
+    let filled = dir.path("filled.db");
+    let conn = rusqlite::Connection::open(&filled).unwrap();
+    conn.execute_batch(
+        "CREATE TABLE accounts (id INTEGER PRIMARY KEY, name TEXT NOT NULL, email TEXT NOT NULL,
+             country TEXT NOT NULL, balance_cents INTEGER NOT NULL, updated_at INTEGER NOT NULL);
+         INSERT INTO accounts VALUES (1, 'x', 'x@example.org', 'SE', 0, 0);",
+    )
+    .unwrap();
+    drop(conn);
+    let err = refused(&existing(&source, &filled)).await;
+    assert!(
+        matches!(&err, DbError::IncompatibleSchema { role: Role::Target, detail, .. }
+            if detail.contains("1 rows")),
+        "{err:?}"
+    );
+    assert_eq!(bytes(&source), before);
+}
+
+#[tokio::test]
+async fn a_source_without_the_migrated_table_is_refused() {
+    let dir = Scratch::new("source-schema");
+    let source = dir.path("source.db");
+    rusqlite::Connection::open(&source)
+        .unwrap()
+        .execute_batch("CREATE TABLE customers (id INTEGER PRIMARY KEY)")
+        .unwrap();
+    let before = bytes(&source);
+    let err = refused(&existing(&source, &dir.path("target.db"))).await;
+    assert!(
+        matches!(
+            &err,
+            DbError::IncompatibleSchema {
+                role: Role::Source,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(bytes(&source), before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_target_from_another_source_is_refused() {
+    let dir = Scratch::new("other-source");
+    let (a, b, target) = (dir.path("a.db"), dir.path("b.db"), dir.path("target.db"));
+    generate(&a, 300);
+    generate(&b, 300);
+    assert_passed(&run(&existing(&a, &target)).await.expect("starts"));
+    let before = bytes(&b);
+    let err = refused(&existing(&b, &target)).await;
+    assert!(matches!(&err, DbError::OtherSource { .. }), "{err:?}");
+    assert!(err.to_string().contains("another source"), "{err}");
+    assert_eq!(bytes(&b), before);
+}
+
+#[test]
+fn every_input_error_exits_with_status_2() {
+    let err = MigrateError::Db(DbError::NotADatabase {
+        role: Role::Source,
+        path: PathBuf::from("x.db"),
+    });
+    assert_eq!(err.exit_code(), 2);
+}
+
+// ------------------------------------------------------------------ the command line
+
+fn parse(args: &[&str]) -> Result<Invocation, CliError> {
+    cli::parse(args.iter().map(OsString::from), 5)
+}
+
+#[test]
+fn flags_parse_into_options() {
+    let Ok(Invocation::Run(options)) = parse(&[
+        "--source", "s.db", "--target", "t.db", "--seed", "9", "--pauses", "3", "--quiet", "--keep",
+    ]) else {
+        panic!("should parse");
+    };
+    assert_eq!(options.source, Some(PathBuf::from("s.db")));
+    assert_eq!(options.target, Some(PathBuf::from("t.db")));
+    assert_eq!((options.seed, options.pauses), (9, 3));
+    assert!(options.quiet && options.keep);
+    assert_eq!(options.rows, cli::DEFAULT_ROWS);
+
+    let Ok(Invocation::Run(defaults)) = parse(&[]) else {
+        panic!("no arguments is a run");
+    };
+    assert_eq!(
+        defaults,
+        Options::with_seed(5),
+        "the default seed is the caller's"
+    );
+    assert_eq!(
+        parse(&["--rows", "1_000"]).map(|i| match i {
+            Invocation::Run(o) => o.rows,
+            Invocation::Help => 0,
+        }),
+        Ok(1_000)
+    );
+    assert_eq!(parse(&["--quiet", "-h"]), Ok(Invocation::Help));
+    for option in [
+        "--source", "--target", "--rows", "--seed", "--pauses", "--quiet", "--keep",
+    ] {
+        assert!(
+            cli::USAGE.contains(option),
+            "--help does not mention {option}"
+        );
+    }
+}
+
+#[test]
+fn bad_flags_get_typed_errors() {
+    assert_eq!(
+        parse(&["--rowz", "5"]),
+        Err(CliError::UnknownOption("--rowz".into()))
+    );
+    assert_eq!(parse(&["--seed"]), Err(CliError::MissingValue("--seed")));
+    assert!(matches!(
+        parse(&["--rows", "many"]),
+        Err(CliError::BadNumber { flag: "--rows", .. })
+    ));
+    assert!(matches!(
+        parse(&["--rows", "0"]),
+        Err(CliError::BadNumber {
+            flag: "--rows",
+            min: 1,
+            ..
+        })
+    ));
+    assert!(matches!(
+        parse(&["--pauses", "-1"]),
+        Err(CliError::BadNumber {
+            flag: "--pauses",
+            ..
+        })
+    ));
+    assert_eq!(
+        parse(&["--quiet", "--quiet"]),
+        Err(CliError::Repeated("--quiet"))
+    );
+    assert_eq!(
+        parse(&["--target", ""]),
+        Err(CliError::EmptyPath("--target"))
+    );
+    assert_eq!(
+        parse(&["--source", "s.db", "--rows", "10"]),
+        Err(CliError::RowsWithSource)
+    );
+    let message = parse(&["--rows", "many"]).unwrap_err().to_string();
+    assert!(
+        message.contains("--rows") && message.contains("many"),
+        "{message}"
+    );
+}
