@@ -55,9 +55,12 @@
 //!   [`Outcome`].
 //! - **Running work** ([`runtime`]): the [`Unit`] trait and its [`RunContext`]
 //!   ([`RunExit`], [`Progress`]); [`Task::builder`] → [`TaskBuilder`] → [`Handle`], the
-//!   cloneable async handle ([`TaskSnapshot`], [`StageEvent`]).
+//!   cloneable async handle ([`TaskSnapshot`], [`StageEvent`], [`WeakHandle`]).
 //! - **Typed owner** ([`typestate`]): [`Task<S>`](Task), whose type names its stage so
-//!   that invalid commands do not compile.
+//!   that invalid commands do not compile; the stages a racing transition can reach:
+//!   [`AnyTask`](typestate::AnyTask), [`AtRest`](typestate::AtRest),
+//!   [`Ended`](typestate::Ended), [`Started`](typestate::Started); errors that give the
+//!   task back: [`TaskError`](typestate::TaskError).
 //! - **Auto-resume** ([`policy`]): resumes tasks paused by resumable errors, with
 //!   backoff.
 //! - **Errors**: [`Error`] (refused or timed-out commands, naming the command and the

@@ -157,6 +157,12 @@ impl<C: Send + Sync + 'static> Handle<C> {
         &self.owner.shared
     }
 
+    /// The typed owner for the task's current stage (a snapshot: see
+    /// [`AnyTask`](crate::typestate::AnyTask)).
+    pub fn into_typed(self) -> crate::typestate::AnyTask<C> {
+        crate::typestate::AnyTask::from_handle(self)
+    }
+
     /// A handle that does not keep the task alive: see [`WeakHandle`].
     pub fn downgrade(&self) -> WeakHandle<C> {
         WeakHandle {
