@@ -103,6 +103,10 @@ fn assert_full_run(summary: &Summary) {
     let text = report::render(summary);
     let c = summary.counts;
     assert!(c.pauses > 0, "{text}");
+    assert!(
+        c.pauses + c.skipped >= 12,
+        "every scripted pause is done or skipped\n{text}"
+    );
     assert!(c.pauses_at_switch >= 1, "{text}");
     assert_eq!(c.stops, 1, "{text}");
     assert_eq!(c.restarts, 1, "{text}");
@@ -339,6 +343,36 @@ async fn a_locked_target_is_refused() {
     assert!(err.to_string().contains("locked"), "{err}");
     holder.execute_batch("ROLLBACK").unwrap();
     assert_eq!(bytes(&source), before);
+}
+
+#[tokio::test]
+async fn a_locked_source_is_refused_and_left_alone() {
+    let dir = Scratch::new("locked-source");
+    let source = dir.path("source.db");
+    generate(&source, 200);
+    // In rollback-journal mode an exclusive lock keeps readers out too.
+    let holder = rusqlite::Connection::open(&source).unwrap();
+    let mode: String = holder
+        .query_row("PRAGMA journal_mode = DELETE", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(mode, "delete");
+    holder
+        .execute_batch("BEGIN EXCLUSIVE; UPDATE accounts SET name = name WHERE id = 1;")
+        .unwrap();
+    let before = bytes(&source);
+    let err = refused(&existing(&source, &dir.path("target.db"))).await;
+    assert!(
+        matches!(
+            &err,
+            DbError::Locked {
+                role: Role::Source,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(bytes(&source), before);
+    holder.execute_batch("ROLLBACK").unwrap();
 }
 
 #[tokio::test]

@@ -345,18 +345,27 @@ pub(crate) async fn drive(
     counts: &mut Counts,
 ) -> Result<(), ControlError> {
     for action in script {
-        if !reached(pipeline, action.trigger, progress).await {
-            if let Some(error) = failure(&pipeline.handle.snapshot()) {
-                return Err(error);
-            }
-            // The moment passed (the unit completed first): skip it.
-            continue;
+        let on_time = reached(pipeline, action.trigger, progress).await;
+        let snap = pipeline.handle.snapshot();
+        if let Some(error) = failure(&snap) {
+            return Err(error);
         }
         match action.act {
-            Act::Pause { hold, impatient } => {
+            Act::Pause { hold, impatient } if on_time => {
                 pause_cycle(pipeline, action.trigger, hold, impatient, counts).await?;
             }
-            Act::StopAndRestart => stop_and_restart(pipeline, action.trigger, counts).await?,
+            // The moment passed (the unit completed first): skip the pause.
+            Act::Pause { .. } => counts.skipped += 1,
+            Act::StopAndRestart if on_time || !snap.stage.is_terminal() => {
+                // The stop happens once in every run: late, if its moment passed.
+                let when = if on_time {
+                    action.trigger.to_string()
+                } else {
+                    format!("late (the moment {} had passed)", action.trigger)
+                };
+                stop_and_restart(pipeline, &when, counts).await?;
+            }
+            Act::StopAndRestart => counts.skipped += 1,
         }
         if let Some(error) = failure(&pipeline.handle.snapshot()) {
             return Err(error);
@@ -514,6 +523,7 @@ async fn pause_cycle(
             reason: Refusal::Finished,
             ..
         }) => {
+            counts.skipped += 1;
             pipeline.note("the pause met the end of the pipeline".to_owned(), false);
             Ok(())
         }
@@ -527,10 +537,10 @@ async fn pause_cycle(
 
 async fn stop_and_restart(
     pipeline: &mut Pipeline,
-    trigger: Trigger,
+    when: &str,
     counts: &mut Counts,
 ) -> Result<(), ControlError> {
-    pipeline.note(format!("stop {trigger}"), true);
+    pipeline.note(format!("stop {when}"), true);
     let stopped = pipeline.handle.stop().await?;
     counts.live_after_pause = counts.live_after_pause.max(pipeline.env.live.now());
     match stopped {

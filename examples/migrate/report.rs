@@ -318,6 +318,9 @@ pub(crate) struct Counts {
     pub(crate) pauses_at_switch: u32,
     /// Pauses that met a unit completing and reached Paused at the next unit.
     pub(crate) pauses_over_completion: u32,
+    /// Scripted pauses (or a stop) skipped because their moment had passed (the unit
+    /// completed first).
+    pub(crate) skipped: u32,
     /// Resumes accepted.
     pub(crate) resumes: u32,
     /// Resumes issued before the pause returned, refused because the run was still
@@ -502,8 +505,9 @@ pub(crate) fn render(summary: &Summary) -> String {
         &mut out,
         "pauses",
         format!(
-            "{} ({} at a unit switch, {} met a unit completing)",
-            c.pauses, c.pauses_at_switch, c.pauses_over_completion
+            "{} ({} at a unit switch, {} met a unit completing, {} skipped: the moment \
+             had passed)",
+            c.pauses, c.pauses_at_switch, c.pauses_over_completion, c.skipped
         ),
     );
     line(&mut out, "resumes", c.resumes.to_string());
