@@ -460,6 +460,50 @@ fn every_input_error_exits_with_status_2() {
     assert_eq!(err.exit_code(), 2);
 }
 
+// ------------------------------------------------------------------ the data design
+
+/// Defence in depth, apart from the lifecycle: each batch reads its checkpoint inside
+/// its own write transaction, so even two loaders at once (what the original race
+/// produced) take turns on the write lock and never insert a row twice.
+#[test]
+fn two_loaders_at_once_take_turns_and_never_write_a_row_twice() {
+    let dir = Scratch::new("two-loaders");
+    let (source, target) = (dir.path("source.db"), dir.path("target.db"));
+    generate(&source, 4_000);
+    let key = source.display().to_string();
+    db::prepare_target(&target, &key).unwrap();
+    let mut src = db::Db::source_read_only(&source, db::WORK_BUSY).unwrap();
+    let mut dst = db::Db::target(&target, db::WORK_BUSY).unwrap();
+    while let db::Step::More { .. } = db::dump_batch(&mut src, &mut dst, true, 500).unwrap() {}
+    drop(dst);
+
+    let loaders: Vec<_> = (0..2)
+        .map(|_| {
+            let target = target.clone();
+            std::thread::spawn(move || {
+                let mut db = db::Db::target(&target, db::WORK_BUSY).unwrap();
+                let mut batches = 0;
+                while let db::Step::More { .. } = db::load_batch(&mut db, 100).unwrap() {
+                    batches += 1;
+                }
+                batches
+            })
+        })
+        .collect();
+    let batches: u32 = loaders.into_iter().map(|l| l.join().unwrap()).sum();
+    assert_eq!(
+        batches, 40,
+        "4,000 rows in batches of 100, each written once"
+    );
+
+    let dst = db::Db::target(&target, db::WORK_BUSY).unwrap();
+    let load = db::check_checkpoint(&dst, "load").unwrap();
+    assert!(load.done);
+    assert_eq!(load.items, 4_000);
+    let src = db::Db::source_read_only(&source, db::WORK_BUSY).unwrap();
+    assert_eq!(db::digest(&dst).unwrap(), db::digest(&src).unwrap());
+}
+
 // ------------------------------------------------------------------ the command line
 
 fn parse(args: &[&str]) -> Result<Invocation, CliError> {

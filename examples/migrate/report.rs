@@ -575,8 +575,8 @@ pub(crate) fn render(summary: &Summary) -> String {
         Some(d) => format!("{} rows, checksum {:016x}", thousands(d.rows), d.checksum),
         None => "not read".to_owned(),
     };
-    line(&mut out, "source", digest(summary.source_digest));
-    line(&mut out, "target", digest(summary.target_digest));
+    line(&mut out, "source contents", digest(summary.source_digest));
+    line(&mut out, "target contents", digest(summary.target_digest));
     if let Some(dir) = &summary.kept_dir {
         line(&mut out, "work directory kept", dir.display().to_string());
     }
