@@ -75,6 +75,10 @@ pub(crate) struct Action {
     pub(crate) act: Act,
 }
 
+fn millis(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1e3)
+}
+
 fn name(unit: usize) -> &'static str {
     UNIT_NAMES.get(unit).copied().unwrap_or("?")
 }
@@ -442,6 +446,7 @@ async fn pause_cycle(
     let handle = &pipeline.handle;
     let before = handle.snapshot();
     pipeline.note(format!("pause {trigger}"), false);
+    let issued = tokio::time::Instant::now();
     let pause = handle.pause();
     tokio::pin!(pause);
     let mut resumed_early = false;
@@ -491,6 +496,13 @@ async fn pause_cycle(
     }
     match result {
         Ok(Stage::Paused) => {
+            pipeline.note(
+                format!(
+                    "pause returned Paused after {}: the run has returned",
+                    millis(issued.elapsed())
+                ),
+                false,
+            );
             counts.pauses += 1;
             if matches!(trigger, Trigger::Switch { .. }) {
                 counts.pauses_at_switch += 1;
@@ -541,7 +553,15 @@ async fn stop_and_restart(
     counts: &mut Counts,
 ) -> Result<(), ControlError> {
     pipeline.note(format!("stop {when}"), true);
+    let issued = tokio::time::Instant::now();
     let stopped = pipeline.handle.stop().await?;
+    pipeline.note(
+        format!(
+            "stop returned {stopped} after {}: the run has returned, the units are closed",
+            millis(issued.elapsed())
+        ),
+        false,
+    );
     counts.live_after_pause = counts.live_after_pause.max(pipeline.env.live.now());
     match stopped {
         Stage::Stopped => {

@@ -472,7 +472,12 @@ pub(crate) fn render_timeline(entries: &[Entry]) -> String {
 /// The final report: timeline, figures, verification.
 pub(crate) fn render(summary: &Summary) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "stage timeline (time, task, run, unit, stage):");
+    let _ = writeln!(
+        out,
+        "stage timeline (time, task, run generation, unit, stage; `>>` marks the \
+         controller's commands; a stage that lasts less than the observer's wake-up \
+         may not be listed):"
+    );
     out.push_str(&render_timeline(&summary.timeline));
     let _ = writeln!(out);
     let _ = writeln!(out, "summary:");
