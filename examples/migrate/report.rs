@@ -450,15 +450,16 @@ pub(crate) fn render_timeline(entries: &[Entry]) -> String {
                 outcome,
             } => {
                 let unit = unit.and_then(|i| UNIT_NAMES.get(i).copied()).unwrap_or("-");
-                let _ = write!(
-                    out,
+                let mut line = format!(
                     "  {:>8}  task {task}  run {generation:<3} {unit:<5} {:<9}",
                     seconds(*at),
                     stage.name()
                 );
                 if let Some(outcome) = outcome {
-                    let _ = write!(out, " {outcome}");
+                    line.push(' ');
+                    line.push_str(outcome);
                 }
+                out.push_str(line.trim_end());
                 out.push('\n');
             }
             Entry::Action { at, task, text } => {
