@@ -252,6 +252,22 @@ async fn a_target_in_a_missing_directory_is_refused() {
     let before = bytes(&source);
     let target = dir.path("no/such/dir/target.db");
     let err = refused(&existing(&source, &target)).await;
+    // Also with a generated source: refused before the source is generated.
+    let generated = Options {
+        target: Some(target.clone()),
+        ..small(1)
+    };
+    let early = refused(&generated).await;
+    assert!(
+        matches!(
+            &early,
+            DbError::MissingDirectory {
+                role: Role::Target,
+                ..
+            }
+        ),
+        "{early:?}"
+    );
     assert!(
         matches!(&err, DbError::MissingDirectory { role: Role::Target, path, .. } if *path == target),
         "{err:?}"

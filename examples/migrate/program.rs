@@ -73,28 +73,17 @@ pub(crate) async fn run(options: &Options, screen: Arc<Screen>) -> Result<Summar
         .unwrap_or_else(|| in_work("target.db"));
     let seed = options.seed;
 
-    if generated {
-        screen.say(&format!(
-            "generating a source with {} rows: {}",
-            thousands(options.rows),
-            source.display()
-        ));
-        let (path, rows) = (source.clone(), options.rows);
-        tokio::task::spawn_blocking(move || db::generate_source(&path, rows, seed)).await??;
-    }
-    let path = source.clone();
-    let info = tokio::task::spawn_blocking(move || db::inspect_source(&path)).await??;
-    let source_key = std::fs::canonicalize(&source)
-        .map_err(|e| DbError::Io {
-            role: Role::Source,
-            path: source.clone(),
-            source: e,
-        })?
-        .display()
-        .to_string();
-    let path = target.clone();
-    let target_info =
-        tokio::task::spawn_blocking(move || db::prepare_target(&path, &source_key)).await??;
+    let checked = check_databases(options, &source, &target, &screen).await;
+    let (info, target_info) = match checked {
+        Ok(checked) => checked,
+        Err(e) => {
+            if let Some(dir) = &work {
+                // Nothing in it is worth keeping: the run never started.
+                let _ = std::fs::remove_dir_all(dir);
+            }
+            return Err(e);
+        }
+    };
 
     let script = controller::plan(seed, options.pauses);
     screen.say(&format!(
@@ -228,6 +217,41 @@ pub(crate) async fn run(options: &Options, screen: Arc<Screen>) -> Result<Summar
         }
     }
     Ok(summary)
+}
+
+/// Everything before the pipeline: the target's path, the generated source (if any),
+/// then both databases' checks. Nothing here writes to a source it did not create.
+async fn check_databases(
+    options: &Options,
+    source: &std::path::Path,
+    target: &std::path::Path,
+    screen: &Screen,
+) -> Result<(db::SourceInfo, db::TargetInfo), MigrateError> {
+    // A bad target path is found before a minute is spent generating a source.
+    db::check_directory(Role::Target, target)?;
+    if options.source.is_none() {
+        screen.say(&format!(
+            "generating a source with {} rows: {}",
+            thousands(options.rows),
+            source.display()
+        ));
+        let (path, rows, seed) = (source.to_owned(), options.rows, options.seed);
+        tokio::task::spawn_blocking(move || db::generate_source(&path, rows, seed)).await??;
+    }
+    let path = source.to_owned();
+    let info = tokio::task::spawn_blocking(move || db::inspect_source(&path)).await??;
+    let source_key = std::fs::canonicalize(source)
+        .map_err(|e| DbError::Io {
+            role: Role::Source,
+            path: source.to_owned(),
+            source: e,
+        })?
+        .display()
+        .to_string();
+    let path = target.to_owned();
+    let target_info =
+        tokio::task::spawn_blocking(move || db::prepare_target(&path, &source_key)).await??;
+    Ok((info, target_info))
 }
 
 /// The script in one paragraph, for the header.
