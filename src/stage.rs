@@ -102,6 +102,7 @@ impl Stage {
     ///
     /// If and only if `raw` is not the discriminant of a stage; the core only ever
     /// stores discriminants, so this names a bug in the crate.
+    #[inline]
     pub(crate) fn from_raw(raw: u8) -> Stage {
         match Stage::ALL.get(usize::from(raw)) {
             Some(stage) => *stage,

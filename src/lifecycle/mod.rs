@@ -241,6 +241,10 @@ struct State<K, C> {
     config: Arc<C>,
     seq: u64,
     waiters: Waiters,
+    /// Threads blocked in `settled_blocking` on the condition variable. Changed only
+    /// under the lock, so a change that reads it as zero cannot miss a thread: one
+    /// that blocks later checks its condition first, under the same lock.
+    blocked: usize,
 }
 
 impl<K, C> fmt::Debug for Lifecycle<K, C> {
@@ -274,6 +278,7 @@ impl<K: CancelHandle, C> Lifecycle<K, C> {
                 config: Arc::new(config),
                 seq: 0,
                 waiters: Waiters::default(),
+                blocked: 0,
             }),
             stage: AtomicU8::new(Stage::New as u8),
             changed: Condvar::new(),
@@ -487,12 +492,16 @@ impl<K: CancelHandle, C> Lifecycle<K, C> {
             seq: state.seq,
         });
         let wakers = state.waiters.take();
+        let notify_threads = state.blocked > 0;
         drop(state);
-        // Invariant 7: wake after the lock is released.
+        // Invariant 7: wake after the lock is released. The condition variable is
+        // notified only when a thread is blocked on it (a notify is a system call).
         for waker in wakers {
             waker.wake();
         }
-        self.changed.notify_all();
+        if notify_threads {
+            self.changed.notify_all();
+        }
         Ok(applied)
     }
 
@@ -517,10 +526,12 @@ impl<K: CancelHandle, C> Lifecycle<K, C> {
             if let Some(stage) = settle.reached(state.stage, state.generation) {
                 return stage;
             }
+            state.blocked += 1;
             state = self
                 .changed
                 .wait(state)
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
+            state.blocked -= 1;
         }
     }
 

@@ -217,7 +217,7 @@ impl<C: Send + Sync + 'static> Handle<C> {
     /// skip intermediate stages, never see them out of order. [`StageEvent::seq`]
     /// counts every change.
     pub fn subscribe(&self) -> watch::Receiver<StageEvent> {
-        self.shared().events.subscribe()
+        self.shared().subscribe()
     }
 
     /// Waits until `predicate` holds for the task's state, and returns that state.
@@ -383,9 +383,7 @@ impl<C: Send + Sync + 'static> Handle<C> {
         if stage == Stage::Stopped {
             // The party that published Stopped closes the units right after; wait for
             // it, so that a returned stop means closed units.
-            let mut closed = shared.closed.subscribe();
-            // The sender lives as long as `shared`, which we hold.
-            let _ = closed.wait_for(|closed| *closed).await;
+            shared.units_closed().await;
         }
         Ok(stage)
     }

@@ -3,7 +3,7 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 use tokio::task::AbortHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -13,7 +13,7 @@ use super::StageEvent;
 use crate::error::RunError;
 use crate::lifecycle::{Applied, Lifecycle, Start, StartKind, Transition};
 use crate::outcome::Exit;
-use crate::sync::{lock, Arc, Mutex};
+use crate::sync::{lock, Arc, AtomicBool, Mutex, Ordering};
 
 pub(crate) type Core<C> = Lifecycle<CancellationToken, C>;
 
@@ -24,6 +24,14 @@ pub(crate) struct Slot<C> {
     /// The configuration the unit last applied (compared by pointer).
     pub(crate) applied: Arc<C>,
     pub(crate) closed: bool,
+}
+
+/// The latest stage change, and the channel that carries it once somebody subscribed
+/// (most tasks are never subscribed to, so the channel is not made for them).
+#[derive(Debug)]
+struct Events {
+    latest: StageEvent,
+    sender: Option<watch::Sender<StageEvent>>,
 }
 
 /// The abort handle of the task's newest spawned run or check.
@@ -42,9 +50,12 @@ pub(crate) struct Shared<C> {
     pub(crate) slots: Mutex<Vec<Slot<C>>>,
     pub(crate) progress: Arc<ProgressCell>,
     live: Mutex<Live>,
-    pub(crate) events: watch::Sender<StageEvent>,
-    /// Set once every unit of a stopped task has been closed.
-    pub(crate) closed: watch::Sender<bool>,
+    /// The latest stage change, and its channel once somebody subscribed.
+    events: Mutex<Events>,
+    /// Set once every unit of a stopped task has been closed; `closed_notify` wakes
+    /// the stops waiting for it.
+    closed: AtomicBool,
+    closed_notify: Notify,
     runtime: tokio::runtime::Handle,
     pub(crate) span: tracing::Span,
 }
@@ -74,8 +85,12 @@ impl<C: Send + Sync + 'static> Shared<C> {
             slots: Mutex::new(slots),
             progress: Arc::new(ProgressCell::default()),
             live: Mutex::new(Live::default()),
-            events: watch::Sender::new(StageEvent::initial()),
-            closed: watch::Sender::new(false),
+            events: Mutex::new(Events {
+                latest: StageEvent::initial(),
+                sender: None,
+            }),
+            closed: AtomicBool::new(false),
+            closed_notify: Notify::new(),
             runtime,
             span,
         }
@@ -99,7 +114,10 @@ impl<C: Send + Sync + 'static> Shared<C> {
             for index in range {
                 self.close_unit(index);
             }
-            self.closed.send_replace(true);
+            // Release: pairs with the Acquire in `units_closed`, so a stop that sees
+            // the flag also sees every `close` done.
+            self.closed.store(true, Ordering::Release);
+            self.closed_notify.notify_waiters();
         }
         if let Some(transition) = applied.transition {
             self.publish(transition);
@@ -118,14 +136,41 @@ impl<C: Send + Sync + 'static> Shared<C> {
         // Effects are carried out after the core's lock is released, so two
         // transitions can reach this point out of order; the sequence number keeps
         // subscribers from ever going back to an older stage.
-        self.events.send_if_modified(|current| {
-            if t.seq > current.seq {
-                *current = StageEvent::from(t);
-                true
-            } else {
-                false
+        let mut events = lock(&self.events);
+        if t.seq > events.latest.seq {
+            events.latest = StageEvent::from(t);
+            if let Some(sender) = &events.sender {
+                // Wakes subscribers' wakers only; no user code runs here.
+                sender.send_replace(events.latest);
             }
-        });
+        }
+    }
+
+    /// A receiver of the latest stage change. The channel is made on the first
+    /// subscription, from the latest change, under the same lock `publish` takes, so
+    /// no change falls between the two.
+    pub(crate) fn subscribe(&self) -> watch::Receiver<StageEvent> {
+        let mut events = lock(&self.events);
+        let latest = events.latest;
+        events
+            .sender
+            .get_or_insert_with(|| watch::Sender::new(latest))
+            .subscribe()
+    }
+
+    /// Waits until every unit of the stopped task has been closed.
+    pub(crate) async fn units_closed(&self) {
+        loop {
+            let notified = self.closed_notify.notified();
+            tokio::pin!(notified);
+            // Registered before the flag is checked, so a store in between wakes it.
+            notified.as_mut().enable();
+            // Acquire: see the store in `carry_out`.
+            if self.closed.load(Ordering::Acquire) {
+                return;
+            }
+            notified.await;
+        }
     }
 
     fn close_unit(&self, index: usize) {
