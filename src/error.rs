@@ -171,7 +171,10 @@ impl RunError {
     /// a string.
     #[cfg_attr(
         taskstage_loom,
-        allow(dead_code, reason = "only the tokio layer, left out under loom, catches panics")
+        allow(
+            dead_code,
+            reason = "only the tokio layer, left out under loom, catches panics"
+        )
     )]
     pub(crate) fn from_panic(payload: &(dyn std::any::Any + Send)) -> Self {
         let text = if let Some(s) = payload.downcast_ref::<&'static str>() {
