@@ -22,7 +22,7 @@ use std::sync::Arc;
 use proptest::prelude::*;
 use proptest::strategy::Union;
 use proptest_state_machine::{prop_state_machine, ReferenceStateMachine, StateMachineTest};
-use taskstage::lifecycle::{Applied, CancelHandle, Lifecycle, Settle, Snapshot, StartKind};
+use taskstage::lifecycle::{Applied, CancelHandle, Lifecycle, Settle, StartKind};
 use taskstage::{Command, Error, Refusal, RunError, Stage};
 
 use common::model::{self, failure_message, Cmd, Exit, Failure, Kind, Model, Seen};
@@ -322,7 +322,7 @@ impl Driver {
                 assert_eq!(refused, command, "the refusal names the command");
                 assert_eq!(stage, before.stage, "the refusal names the stage");
                 assert_eq!(reason, want, "refusal reason");
-                assert_unchanged(&before, &self.core.snapshot(), "a refused command");
+                common::assert_unchanged(&before, &self.core.snapshot(), "a refused command");
             }
             (result, expect) => {
                 panic!(
@@ -362,26 +362,6 @@ impl Driver {
             reached.is_none()
         });
     }
-}
-
-/// Asserts that nothing observable changed.
-fn assert_unchanged(before: &Snapshot, after: &Snapshot, what: &str) {
-    assert_eq!(after.stage, before.stage, "{what} changed the stage");
-    assert_eq!(
-        after.generation, before.generation,
-        "{what} changed the generation"
-    );
-    assert_eq!(after.unit, before.unit, "{what} changed the unit");
-    assert_eq!(after.seq, before.seq, "{what} changed the change counter");
-    assert_eq!(
-        after.user_paused, before.user_paused,
-        "{what} changed the mark"
-    );
-    assert_eq!(
-        format!("{:?}", after.outcome),
-        format!("{:?}", before.outcome),
-        "{what} changed the outcome"
-    );
 }
 
 fn core_exit(kind: Kind, generation: u64, exit: Exit) -> taskstage::Exit {
@@ -455,7 +435,7 @@ impl StateMachineTest for CoreTest {
                         && applied.close_units.is_none(),
                     "a stale report of generation {generation} was acted on: {applied:?}"
                 );
-                assert_unchanged(&before, &driver.core.snapshot(), "a stale report");
+                common::assert_unchanged(&before, &driver.core.snapshot(), "a stale report");
             }
         }
         driver.check_waits(&reference.model);

@@ -610,7 +610,7 @@ impl Sut {
                     }
                     (Err(error), Expect::Refused(reason)) => {
                         assert_refused(&error, command, &before, reason);
-                        assert_unchanged(&before, &handle.snapshot(), "a refused command");
+                        common::assert_unchanged(&before, &handle.snapshot(), "a refused command");
                     }
                     (result, expect) => panic!(
                         "{step:?} in {}: got {result:?}, the model says {expect:?}",
@@ -627,7 +627,7 @@ impl Sut {
                     (Ok(()), Expect::Accepted) => {}
                     (Err(error), Expect::Refused(reason)) => {
                         assert_refused(&error, command, &before, reason);
-                        assert_unchanged(&before, &handle.snapshot(), "a refused command");
+                        common::assert_unchanged(&before, &handle.snapshot(), "a refused command");
                     }
                     (result, expect) => panic!(
                         "{step:?} in {}: got {result:?}, the model says {expect:?}",
@@ -762,26 +762,6 @@ fn assert_refused(
             before.stage
         ),
     }
-}
-
-/// Asserts that nothing observable changed.
-fn assert_unchanged(before: &taskstage::TaskSnapshot, after: &taskstage::TaskSnapshot, what: &str) {
-    assert_eq!(after.stage, before.stage, "{what} changed the stage");
-    assert_eq!(
-        after.generation, before.generation,
-        "{what} changed the generation"
-    );
-    assert_eq!(after.unit, before.unit, "{what} changed the unit");
-    assert_eq!(after.seq, before.seq, "{what} changed the change counter");
-    assert_eq!(
-        after.user_paused, before.user_paused,
-        "{what} changed the mark"
-    );
-    assert_eq!(
-        format!("{:?}", after.outcome),
-        format!("{:?}", before.outcome),
-        "{what} changed the outcome"
-    );
 }
 
 /// The property test, on runtime flavour `F`.

@@ -24,3 +24,53 @@ pub(crate) fn config(default: u32, file: &'static str) -> Config {
         ..Config::default()
     }
 }
+
+/// What a refused command or an ignored report must leave exactly as it was, read
+/// from either system under test.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Observable {
+    stage: taskstage::Stage,
+    generation: u64,
+    unit: Option<usize>,
+    seq: u64,
+    user_paused: bool,
+    outcome: String,
+}
+
+impl From<&taskstage::lifecycle::Snapshot> for Observable {
+    fn from(s: &taskstage::lifecycle::Snapshot) -> Self {
+        Observable {
+            stage: s.stage,
+            generation: s.generation,
+            unit: s.unit,
+            seq: s.seq,
+            user_paused: s.user_paused,
+            outcome: format!("{:?}", s.outcome),
+        }
+    }
+}
+
+impl From<&taskstage::TaskSnapshot> for Observable {
+    fn from(s: &taskstage::TaskSnapshot) -> Self {
+        Observable {
+            stage: s.stage,
+            generation: s.generation,
+            unit: s.unit.as_ref().map(|(index, _)| *index),
+            seq: s.seq,
+            user_paused: s.user_paused,
+            outcome: format!("{:?}", s.outcome),
+        }
+    }
+}
+
+/// Asserts that nothing observable changed between two snapshots.
+pub(crate) fn assert_unchanged<'a, S>(before: &'a S, after: &'a S, what: &str)
+where
+    Observable: From<&'a S>,
+{
+    assert_eq!(
+        Observable::from(after),
+        Observable::from(before),
+        "{what} changed the task"
+    );
+}
