@@ -226,6 +226,17 @@ fn b_pause_resume_run_exit() {
     ]);
 }
 
+/// Starts the task and lets its first run fail, before the parties start: the task is
+/// Paused by an error (not user-paused) and nothing is alive. Returns the setup's log.
+fn error_paused<P: Protocol>(world: &Arc<World<P>>) -> Vec<Event> {
+    let mut setup = Driver::new(world, Behaviour::Fails, Wait::Blocking);
+    setup
+        .issue(Command::Resume)
+        .expect("resume is accepted in New");
+    setup.play_all();
+    setup.into_log()
+}
+
 // ---------------------------------------------------------------------------------------
 // (c) stop ∥ pause ∥ resume
 // ---------------------------------------------------------------------------------------
@@ -248,12 +259,7 @@ fn b_pause_resume_run_exit() {
 /// and the user-paused mark (5; a pause in error-paused Paused sets the mark); no
 /// deadlock (7).
 fn stop_pause_resume<P: Protocol>(world: Arc<World<P>>) {
-    let mut setup = Driver::new(&world, Behaviour::Fails, Wait::Blocking);
-    setup
-        .issue(Command::Resume)
-        .expect("resume is accepted in New");
-    setup.play_all();
-    let setup = setup.into_log();
+    let setup = error_paused(&world);
     let stopper = spawn(&world, Behaviour::HonoursCancel, Wait::Blocking, |d| {
         if let Err(error) = d.stop() {
             violated(format!("harness: stop refused: {error}"));
@@ -675,12 +681,7 @@ fn f_stale_report() {
 /// preparation or run it started and waits for it (2, 3); the end checks (1, 4, 5, the
 /// mark); no deadlock (7).
 fn auto_resume_vs_pause<P: Protocol>(world: Arc<World<P>>) {
-    let mut setup = Driver::new(&world, Behaviour::Fails, Wait::Blocking);
-    setup
-        .issue(Command::Resume)
-        .expect("resume is accepted in New");
-    setup.play_all();
-    let setup = setup.into_log();
+    let setup = error_paused(&world);
     let policy = spawn(&world, Behaviour::HonoursCancel, Wait::Blocking, |d| {
         let seen = d.snapshot();
         if seen.stage != Stage::Paused || seen.user_paused {
