@@ -109,6 +109,20 @@ fn running<P: Protocol>(world: &World<P>) -> (Vec<Event>, Run) {
     (setup.into_log(), run)
 }
 
+/// Brings the task to Running (generation 1) and spawns the party that plays that run
+/// with `behaviour`. Returns the setup's log and the run's party.
+fn spawn_running<P: Protocol>(
+    world: &Arc<World<P>>,
+    behaviour: Behaviour,
+) -> (Vec<Event>, JoinHandle<(Vec<Event>, ())>) {
+    let (setup, run) = running(world);
+    let runner = spawn(world, behaviour, Wait::Blocking, move |d| {
+        d.give_start(run);
+        d.play_all();
+    });
+    (setup, runner)
+}
+
 /// A pause may be refused only once every unit finished (the run completed first).
 fn refused_only_when_finished(command: Command, result: &Result<Stage, taskstage::Error>) {
     if let Err(error) = result {
@@ -136,11 +150,7 @@ fn refused_only_when_finished(command: Command, result: &Result<Stage, taskstage
 /// set exactly when the pause was accepted (5); no lost wake-up (7: loom reports a
 /// deadlock otherwise).
 fn pause_vs_run_exit<P: Protocol>(world: Arc<World<P>>, behaviour: Behaviour) {
-    let (setup, run) = running(&world);
-    let runner = spawn(&world, behaviour, Wait::Blocking, move |d| {
-        d.give_start(run);
-        d.play_all();
-    });
+    let (setup, runner) = spawn_running(&world, behaviour);
     let mut pauser = Driver::new(&world, behaviour, Wait::Blocking);
     let paused = pauser.pause();
     refused_only_when_finished(Command::Pause, &paused);
@@ -187,11 +197,7 @@ fn a_pause_vs_run_exit() {
 /// leaves the transitional stage (4); the end state agrees with what is alive (2, 3,
 /// 4); outcome and user-paused mark (5); no deadlock (7).
 fn pause_resume_run<P: Protocol>(world: Arc<World<P>>, behaviour: Behaviour) {
-    let (setup, run) = running(&world);
-    let runner = spawn(&world, behaviour, Wait::Blocking, move |d| {
-        d.give_start(run);
-        d.play_all();
-    });
+    let (setup, runner) = spawn_running(&world, behaviour);
     let resumer = spawn(&world, Behaviour::HonoursCancel, Wait::Blocking, |d| {
         // Refused while generation 1 is alive; that is the point.
         let _ = d.resume();
@@ -318,11 +324,7 @@ fn c_stop_pause_resume() {
 /// reaches the live handle), never a second run (1), nothing left transitional (4),
 /// outcome and mark (5), no deadlock (7).
 fn stop_pause_resume_run<P: Protocol>(world: Arc<World<P>>, behaviour: Behaviour) {
-    let (setup, run) = running(&world);
-    let runner = spawn(&world, behaviour, Wait::Blocking, move |d| {
-        d.give_start(run);
-        d.play_all();
-    });
+    let (setup, runner) = spawn_running(&world, behaviour);
     let stopper = spawn(&world, Behaviour::HonoursCancel, Wait::Blocking, |d| {
         if let Err(error) = d.stop() {
             violated(format!("harness: stop refused: {error}"));
@@ -385,11 +387,7 @@ fn c4_stop_pause_resume_run_exit() {
 /// the same run's handle); neither waiter misses its wake-up, whichever way it waits
 /// (7); plus the end checks (1, 4, 5).
 fn two_pauses<P: Protocol>(world: Arc<World<P>>, behaviour: Behaviour) {
-    let (setup, run) = running(&world);
-    let runner = spawn(&world, behaviour, Wait::Blocking, move |d| {
-        d.give_start(run);
-        d.play_all();
-    });
+    let (setup, runner) = spawn_running(&world, behaviour);
     let second = spawn(&world, behaviour, Wait::Async, move |d| {
         let paused = d.pause();
         refused_only_when_finished(Command::Pause, &paused);
@@ -464,11 +462,7 @@ impl Wake for Probe {
 /// the end checks (1, 3, 5).
 fn dropped_pause_future(behaviour: Behaviour, rewait: bool) {
     let world = World::<Core>::new(1);
-    let (setup, run) = running(&world);
-    let runner = spawn(&world, behaviour, Wait::Blocking, move |d| {
-        d.give_start(run);
-        d.play_all();
-    });
+    let (setup, runner) = spawn_running(&world, behaviour);
     let lifecycle = world.core.lifecycle();
     let mut pauser = Driver::new(&world, behaviour, Wait::Async);
     let issued = pauser.issue(Command::Pause).map(|accepted| {
