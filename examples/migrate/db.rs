@@ -594,6 +594,22 @@ pub(crate) struct Checkpoint {
     pub(crate) done: bool,
 }
 
+/// Opens a batch's write transaction on the target (IMMEDIATE, so two writers take
+/// turns instead of failing mid-batch) and reads `unit`'s checkpoint inside it: the
+/// rows and the checkpoint a batch writes commit together.
+fn begin_batch<'c>(
+    conn: &'c mut Connection,
+    path: &Path,
+    unit: &str,
+) -> Result<(rusqlite::Transaction<'c>, Checkpoint), DbError> {
+    let target_err = |e| DbError::sqlite(Role::Target, path, e);
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(target_err)?;
+    let cp = read_checkpoint(&tx, unit).map_err(target_err)?;
+    Ok((tx, cp))
+}
+
 fn read_checkpoint(conn: &Connection, unit: &str) -> rusqlite::Result<Checkpoint> {
     conn.query_row(
         "SELECT position, items, done FROM _migration_checkpoint WHERE unit = ?1",
@@ -723,11 +739,7 @@ pub(crate) fn dump_batch(
     batch: usize,
 ) -> Result<Step, DbError> {
     let target_err = |e| DbError::sqlite(Role::Target, &target.path, e);
-    let tx = target
-        .conn
-        .transaction_with_behavior(TransactionBehavior::Immediate)
-        .map_err(target_err)?;
-    let cp = read_checkpoint(&tx, "dump").map_err(target_err)?;
+    let (tx, cp) = begin_batch(&mut target.conn, &target.path, "dump")?;
     if cp.done {
         return Ok(Step::Done { items: cp.items });
     }
@@ -828,11 +840,7 @@ pub(crate) fn dump_batch(
 /// A [`DbError`] naming the target; nothing of the batch is kept then.
 pub(crate) fn load_batch(target: &mut Db, batch: usize) -> Result<Step, DbError> {
     let target_err = |e| DbError::sqlite(Role::Target, &target.path, e);
-    let tx = target
-        .conn
-        .transaction_with_behavior(TransactionBehavior::Immediate)
-        .map_err(target_err)?;
-    let cp = read_checkpoint(&tx, "load").map_err(target_err)?;
+    let (tx, cp) = begin_batch(&mut target.conn, &target.path, "load")?;
     if cp.done {
         return Ok(Step::Done { items: cp.items });
     }
@@ -909,11 +917,7 @@ pub(crate) fn sync_batch(
 ) -> Result<SyncStep, DbError> {
     let target_err = |e| DbError::sqlite(Role::Target, &target.path, e);
     let source_err = |e| DbError::sqlite(Role::Source, &source.path, e);
-    let tx = target
-        .conn
-        .transaction_with_behavior(TransactionBehavior::Immediate)
-        .map_err(target_err)?;
-    let cp = read_checkpoint(&tx, "sync").map_err(target_err)?;
+    let (tx, cp) = begin_batch(&mut target.conn, &target.path, "sync")?;
     if cp.done {
         return Ok(SyncStep::Done { items: cp.items });
     }
@@ -1033,11 +1037,7 @@ pub(crate) fn sync_batch(
 /// A [`DbError`] naming the target.
 pub(crate) fn finish_sync(target: &mut Db) -> Result<u64, DbError> {
     let target_err = |e| DbError::sqlite(Role::Target, &target.path, e);
-    let tx = target
-        .conn
-        .transaction_with_behavior(TransactionBehavior::Immediate)
-        .map_err(target_err)?;
-    let cp = read_checkpoint(&tx, "sync").map_err(target_err)?;
+    let (tx, cp) = begin_batch(&mut target.conn, &target.path, "sync")?;
     write_checkpoint(&tx, "sync", Checkpoint { done: true, ..cp }).map_err(target_err)?;
     tx.commit().map_err(target_err)?;
     Ok(cp.items)
