@@ -129,19 +129,13 @@ async fn taskstage_round(n: usize) -> Figures {
     wait_started(&started, n).await;
     let spawn_all = t.elapsed();
     let bytes_per_task = bytes_per_task(before, n);
-    for handle in &handles {
-        assert_eq!(handle.stage(), Stage::Running);
-    }
+    assert_all_at(&handles, Stage::Running);
 
     let t = Instant::now();
     let paused = issue_then_await(handles.iter().map(|h| h.pause())).await;
     let pause_all = t.elapsed();
-    for reached in paused {
-        assert_eq!(reached.expect("pause"), Stage::Paused);
-    }
-    for handle in &handles {
-        assert_eq!(handle.stage(), Stage::Paused);
-    }
+    assert_all_reached(paused, Stage::Paused);
+    assert_all_at(&handles, Stage::Paused);
 
     let t = Instant::now();
     for handle in &handles {
@@ -149,16 +143,12 @@ async fn taskstage_round(n: usize) -> Figures {
     }
     wait_started(&started, n).await;
     let resume_all = t.elapsed();
-    for handle in &handles {
-        assert_eq!(handle.stage(), Stage::Running);
-    }
+    assert_all_at(&handles, Stage::Running);
 
     let t = Instant::now();
     let stopped = issue_then_await(handles.iter().map(|h| h.stop())).await;
     let stop_all = t.elapsed();
-    for reached in stopped {
-        assert_eq!(reached.expect("stop"), Stage::Stopped);
-    }
+    assert_all_reached(stopped, Stage::Stopped);
     drop(handles);
 
     Figures {
@@ -325,4 +315,18 @@ fn main() {
         ms(ts.resume_all),
         ms(fl.resume_all)
     );
+}
+
+/// Every task is in `stage` (outside the timed sections).
+fn assert_all_at(handles: &[Handle], stage: Stage) {
+    for handle in handles {
+        assert_eq!(handle.stage(), stage, "{}", handle.name());
+    }
+}
+
+/// Every command returned Ok with `stage`.
+fn assert_all_reached(results: Vec<Result<Stage, taskstage::Error>>, stage: Stage) {
+    for reached in results {
+        assert_eq!(reached.expect("the command is accepted"), stage);
+    }
 }
