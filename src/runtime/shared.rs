@@ -136,13 +136,26 @@ impl<C: Send + Sync + 'static> Shared<C> {
         // Effects are carried out after the core's lock is released, so two
         // transitions can reach this point out of order; the sequence number keeps
         // subscribers from ever going back to an older stage.
-        let mut events = lock(&self.events);
-        if t.seq > events.latest.seq {
-            events.latest = StageEvent::from(t);
-            if let Some(sender) = &events.sender {
-                // Wakes subscribers' wakers only; no user code runs here.
-                sender.send_replace(events.latest);
+        let event = StageEvent::from(t);
+        let sender = {
+            let mut events = lock(&self.events);
+            if event.seq <= events.latest.seq {
+                return;
             }
+            events.latest = event;
+            events.sender.clone()
+        };
+        // Sent with our lock released: waking a subscriber runs its waker, which is
+        // not ours. The channel's own lock orders racing sends; the sequence check
+        // keeps the newest.
+        if let Some(sender) = sender {
+            sender.send_if_modified(|current| {
+                let newer = event.seq > current.seq;
+                if newer {
+                    *current = event;
+                }
+                newer
+            });
         }
     }
 
