@@ -657,14 +657,14 @@ on_both_runtimes! {
             let mut last_seq = 0;
             loop {
                 if events.changed().await.is_err() {
-                    return seen;
+                    return (seen, last_seq);
                 }
                 let event = *events.borrow_and_update();
                 assert!(event.seq > last_seq, "went back from {last_seq} to {}", event.seq);
                 last_seq = event.seq;
                 seen.push(event.stage);
                 if event.stage == Stage::Stopped {
-                    return seen;
+                    return (seen, last_seq);
                 }
             }
         });
@@ -672,9 +672,11 @@ on_both_runtimes! {
         handle.wait_for_stage(|s| s == Stage::Running).await;
         handle.pause().await.unwrap();
         handle.stop().await.unwrap();
-        let seen = watcher.await.unwrap();
+        let (seen, last_seq) = watcher.await.unwrap();
+        // A watch may coalesce intermediate changes (a slow subscriber sees fewer),
+        // but it ends on the last one, with the core's own change count.
         assert_eq!(seen.last(), Some(&Stage::Stopped));
-        assert!(seen.len() >= 2);
+        assert_eq!(last_seq, handle.snapshot().seq);
     }
 }
 
