@@ -76,16 +76,6 @@ impl State {
     }
 }
 
-fn ignored() -> Fx {
-    Applied {
-        transition: None,
-        cancel: None,
-        closed_unit: None,
-        start: None,
-        close_units: None,
-    }
-}
-
 impl Protocol for PreFix {
     fn with_units(units: usize) -> Self {
         PreFix(Mutex::new(State {
@@ -168,7 +158,7 @@ impl Protocol for PreFix {
         let mut s = lock(&self.0);
         let from = s.stage;
         if from != Stage::Running {
-            return ignored();
+            return Fx::ignored();
         }
         match exit {
             Exit::Ok => {
@@ -199,7 +189,7 @@ impl Protocol for PreFix {
 
     /// The pre-fix protocol has no pre-start check.
     fn report_prepared(&self, _generation: u64, _exit: Exit) -> Fx {
-        ignored()
+        Fx::ignored()
     }
 
     fn snapshot(&self) -> Snapshot {

@@ -158,7 +158,10 @@ pub struct Applied<K, C> {
 }
 
 impl<K, C> Applied<K, C> {
-    fn ignored() -> Self {
+    /// The result of an input that changed nothing: no transition, no effects. What
+    /// the core returns for a stale or impossible exit report; also what another
+    /// protocol written against the same effect vocabulary returns for one.
+    pub fn ignored() -> Self {
         Applied {
             transition: None,
             cancel: None,
