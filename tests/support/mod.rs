@@ -203,6 +203,14 @@ impl<C: Send + Sync + 'static> Unit<C> for Instant {
     }
 }
 
+/// Runs a test body, failing it (instead of hanging the suite) if a state it waits
+/// for never comes. The bound is a failure condition, not synchronisation.
+pub async fn within_a_minute<F: std::future::Future<Output = ()>>(body: F) {
+    tokio::time::timeout(std::time::Duration::from_secs(60), body)
+        .await
+        .expect("the test hung: a state it waits for never came");
+}
+
 /// Builds a current-thread and a multi-thread test from one async body.
 #[macro_export]
 macro_rules! on_both_runtimes {
@@ -213,11 +221,15 @@ macro_rules! on_both_runtimes {
 
             $(#[$meta])*
             #[tokio::test(flavor = "current_thread")]
-            async fn current_thread() $body
+            async fn current_thread() {
+                $crate::support::within_a_minute(async move $body).await
+            }
 
             $(#[$meta])*
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn multi_thread() $body
+            async fn multi_thread() {
+                $crate::support::within_a_minute(async move $body).await
+            }
         }
     };
 }
