@@ -36,10 +36,10 @@ use taskstage::sync::{Arc, AtomicBool, AtomicU64, Ordering};
 use taskstage::{Command, Error, Exit, Outcome, RunError, Stage};
 
 /// The effects of one accepted input, as the core (and the pre-fix protocol) return them.
-pub(crate) type Fx = Applied<ModelCancel, ()>;
+pub(crate) type Fx = Applied<ModelCancel, (), ()>;
 
 /// A start effect: a preparation or a run to make alive.
-pub(crate) type Run = Start<ModelCancel, ()>;
+pub(crate) type Run = Start<ModelCancel, (), ()>;
 
 // ---------------------------------------------------------------------------------------
 // Exploration
@@ -299,6 +299,21 @@ impl CancelHandle for ModelCancel {
         // a `CancellationToken` (whose state sits behind a mutex).
         self.0.store(true, Ordering::SeqCst);
     }
+
+    /// The scripted parties play a run by reading its flag; to them an abort is a
+    /// cancel. (The driver models use `driver::Signal`, whose futures wake.)
+    fn abort(&self) {
+        self.cancel();
+    }
+
+    // The scripted parties read the flag; they never await a signal.
+    fn cancelled(&self) -> impl Future<Output = ()> + Send + '_ {
+        std::future::pending()
+    }
+
+    fn aborted(&self) -> impl Future<Output = ()> + Send + '_ {
+        std::future::pending()
+    }
 }
 
 impl ModelCancel {
@@ -381,10 +396,12 @@ pub(crate) trait Protocol: Send + Sync + Sized + 'static {
     fn resume_if_unchanged(&self, seq: u64) -> Result<Fx, Error>;
     /// Waits until the accepted pause or stop settles; returns the stage it reports.
     fn settle(&self, command: Command, accepted: &Transition, wait: Wait) -> Stage;
-    /// Reports how the run of `generation` ended.
-    fn report_exit(&self, generation: u64, exit: Exit) -> Fx;
-    /// Reports how the preparation of `generation` ended.
-    fn report_prepared(&self, generation: u64, exit: Exit) -> Fx;
+    /// Reports how the run of `generation` ended, handing back its unit.
+    fn report_exit(&self, generation: u64, exit: Exit, held: Option<()>) -> Fx;
+    /// Reports how the preparation of `generation` ended, handing back its unit.
+    fn report_prepared(&self, generation: u64, exit: Exit, held: Option<()>) -> Fx;
+    /// Reports that the units a stop closes are closed.
+    fn report_closed(&self, generation: u64) -> Fx;
     /// A consistent copy of the state.
     fn snapshot(&self) -> Snapshot;
 }
@@ -402,7 +419,7 @@ impl Core {
 
 impl Protocol for Core {
     fn with_units(units: usize) -> Self {
-        Core(Lifecycle::new(units, ()))
+        Core(Lifecycle::new(vec![(); units], ()))
     }
 
     fn pause(&self) -> Result<Fx, Error> {
@@ -429,12 +446,16 @@ impl Protocol for Core {
         }
     }
 
-    fn report_exit(&self, generation: u64, exit: Exit) -> Fx {
-        self.0.report_exit(generation, exit)
+    fn report_exit(&self, generation: u64, exit: Exit, held: Option<()>) -> Fx {
+        self.0.report_exit(generation, exit, held)
     }
 
-    fn report_prepared(&self, generation: u64, exit: Exit) -> Fx {
-        self.0.report_prepared(generation, exit)
+    fn report_prepared(&self, generation: u64, exit: Exit, held: Option<()>) -> Fx {
+        self.0.report_prepared(generation, exit, held)
+    }
+
+    fn report_closed(&self, generation: u64) -> Fx {
+        self.0.report_closed(generation)
     }
 
     fn snapshot(&self) -> Snapshot {
@@ -651,6 +672,8 @@ pub(crate) enum Event {
         exit: Exit,
         transition: Transition,
     },
+    /// The party reported the units of a stop closed.
+    Closed { transition: Transition },
 }
 
 /// One party's driver: issues commands, carries out effects, plays runs, checks.
@@ -687,7 +710,7 @@ impl<'w, P: Protocol> Driver<'w, P> {
     }
 
     /// Carries out the effects of an accepted input, in the order the core documents:
-    /// `cancel`, `closed_unit`, `start`, `close_units`.
+    /// `cancel`, `start`, `close` (then the closes' report).
     fn carry_out(&mut self, fx: Fx) {
         if let (Some(handle), Some(t)) = (fx.cancel, fx.transition) {
             handle.cancel();
@@ -696,8 +719,6 @@ impl<'w, P: Protocol> Driver<'w, P> {
                 handle,
             });
         }
-        // Closing units needs nothing from the models beyond having been asked.
-        let _ = fx.closed_unit;
         if let Some(start) = fx.start {
             self.world.live.started(&start);
             self.log.push(Event::Start {
@@ -706,7 +727,22 @@ impl<'w, P: Protocol> Driver<'w, P> {
             });
             self.pending.push_back(start);
         }
-        let _ = fx.close_units;
+        // Closing a unit needs nothing from these models beyond having been asked;
+        // the driver models check the closes themselves. The report that they are
+        // done is an accepted input like any other.
+        if let (Some(_units), Some(t)) = (fx.close, fx.transition) {
+            let closed = self.world.core.report_closed(t.generation);
+            if let Some(transition) = closed.transition {
+                check!(
+                    transition.to == Stage::Stopped,
+                    "invariant 4 violated: the closes' report left the task in {}",
+                    transition.to
+                );
+                cover(format!("closed: {} -> {}", transition.from, transition.to));
+                self.log.push(Event::Closed { transition });
+            }
+            self.carry_out(closed);
+        }
     }
 
     /// Issues `command` and carries out its effects, without waiting.
@@ -858,12 +894,21 @@ impl<'w, P: Protocol> Driver<'w, P> {
         let exit = self.behaviour.exit(start.kind, start.generation, cancelled);
         self.world.live.returned(&start);
         drop(start.cancel);
+        // A run that completed closed its unit; anything else hands it back.
+        let held = match (start.kind, &exit) {
+            (StartKind::Launch, Exit::Ok) => None,
+            _ => start.held,
+        };
         let fx = match start.kind {
-            StartKind::Prepare => self
+            StartKind::Prepare => {
+                self.world
+                    .core
+                    .report_prepared(start.generation, exit.clone(), held)
+            }
+            StartKind::Launch => self
                 .world
                 .core
-                .report_prepared(start.generation, exit.clone()),
-            StartKind::Launch => self.world.core.report_exit(start.generation, exit.clone()),
+                .report_exit(start.generation, exit.clone(), held),
         };
         // Invariant 4: the report of the live generation is never ignored, and it leaves
         // the transitional stage (or starts the next step).
@@ -876,8 +921,10 @@ impl<'w, P: Protocol> Driver<'w, P> {
             ));
             return;
         };
+        // Stopping hands over to the closes, whose report follows in `carry_out`.
         check!(
-            !transition.to.is_transitional(),
+            !transition.to.is_transitional()
+                || (transition.to == Stage::Stopping && fx.close.is_some()),
             "invariant 4 violated: an exit report left the task in {}",
             transition.to
         );
@@ -926,8 +973,8 @@ impl<'w, P: Protocol> Driver<'w, P> {
     pub(crate) fn stale_report(&mut self, generation: u64, kind: StartKind, exit: Exit) {
         let before = self.world.core.snapshot();
         let fx = match kind {
-            StartKind::Prepare => self.world.core.report_prepared(generation, exit),
-            StartKind::Launch => self.world.core.report_exit(generation, exit),
+            StartKind::Prepare => self.world.core.report_prepared(generation, exit, Some(())),
+            StartKind::Launch => self.world.core.report_exit(generation, exit, Some(())),
         };
         let after = self.world.core.snapshot();
         if before.seq == after.seq {
@@ -950,10 +997,7 @@ impl<'w, P: Protocol> Driver<'w, P> {
             ));
         }
         check!(
-            fx.cancel.is_none()
-                && fx.start.is_none()
-                && fx.closed_unit.is_none()
-                && fx.close_units.is_none(),
+            fx.cancel.is_none() && fx.start.is_none() && fx.close.is_none(),
             "invariant 6 violated: stale report produced effects"
         );
     }
@@ -1006,9 +1050,9 @@ pub(crate) fn check_end<P: Protocol>(world: &World<P>, logs: Vec<Vec<Event>>) {
     let mut transitions: Vec<Transition> = events
         .iter()
         .filter_map(|e| match e {
-            Event::Command { transition, .. } | Event::Report { transition, .. } => {
-                Some(*transition)
-            }
+            Event::Command { transition, .. }
+            | Event::Report { transition, .. }
+            | Event::Closed { transition } => Some(*transition),
             Event::Cancel { .. } | Event::Start { .. } => None,
         })
         .collect();

@@ -16,7 +16,7 @@
 //!
 //! Each model prints how many interleavings it explored and how long that took. With
 //! `TASKSTAGE_LOOM_COVERAGE=1` it also prints every situation it went through ("pause
-//! accepted in Resuming", "run report: Stopping -> Stopped", ...) and in how many
+//! accepted in Resuming", "run report: Stopping -> Stopping", ...) and in how many
 //! interleavings; the tests assert that the situations each model is about were
 //! reached.
 #![cfg(taskstage_loom)]
@@ -31,6 +31,7 @@ macro_rules! check {
     };
 }
 
+mod driver;
 mod harness;
 mod models;
 mod prefix;

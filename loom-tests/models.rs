@@ -304,9 +304,10 @@ fn c_stop_pause_resume() {
         "pause accepted in Resuming",
         "pause refused in Stopping",
         "resume refused in Stopped",
-        "prep report: Stopping -> Stopped",
+        "prep report: Stopping -> Stopping",
         "prep report: Pausing -> Paused",
-        "run report: Stopping -> Stopped",
+        "run report: Stopping -> Stopping",
+        "closed: Stopping -> Stopped",
     ]);
 }
 
@@ -367,7 +368,8 @@ fn c4_stop_pause_resume_run_exit() {
         "stop accepted in Resuming",
         "resume accepted in Paused",
         "pause refused in Stopping",
-        "run report: Stopping -> Stopped",
+        "run report: Stopping -> Stopping",
+        "closed: Stopping -> Stopped",
     ]);
 }
 

@@ -46,14 +46,14 @@ impl State {
                 seq: self.seq,
             }),
             cancel: None,
-            closed_unit: None,
             start: None,
-            close_units: None,
+            close: None,
+            orphan: None,
         }
     }
 
     /// A new generation and its run, launched at once.
-    fn launch(&mut self) -> Start<ModelCancel, ()> {
+    fn launch(&mut self) -> Start<ModelCancel, (), ()> {
         self.generation += 1;
         let cancel = ModelCancel::new_handle();
         self.cancel = Some(cancel.clone());
@@ -64,6 +64,7 @@ impl State {
             resume: false,
             cancel,
             config: Arc::new(()),
+            held: Some(()),
         }
     }
 
@@ -139,7 +140,7 @@ impl Protocol for PreFix {
         if from == Stage::Running {
             fx.cancel = s.cancel.clone();
         }
-        fx.close_units = Some(s.unit..s.units);
+        fx.close = Some(vec![(); s.units - s.unit.min(s.units)]);
         Ok(fx)
     }
 
@@ -154,7 +155,7 @@ impl Protocol for PreFix {
     }
 
     /// No generation fence: any report in Running is taken as the live run's.
-    fn report_exit(&self, _generation: u64, exit: Exit) -> Fx {
+    fn report_exit(&self, _generation: u64, exit: Exit, _held: Option<()>) -> Fx {
         let mut s = lock(&self.0);
         let from = s.stage;
         if from != Stage::Running {
@@ -165,13 +166,13 @@ impl Protocol for PreFix {
                 s.outcome = Some(Outcome::Completed);
                 s.unit += 1;
                 if s.unit >= s.units {
-                    let mut fx = s.step(from, Stage::Finished, Input::RunOk { last_unit: true });
-                    fx.closed_unit = Some(s.unit - 1);
+                    let fx = s.step(from, Stage::Finished, Input::RunOk { last_unit: true });
+                    // (the old protocol closed the completed unit here)
                     fx
                 } else {
                     let start = s.launch();
                     let mut fx = s.step(from, Stage::Running, Input::RunOk { last_unit: false });
-                    fx.closed_unit = Some(s.unit - 1);
+                    // (the old protocol closed the completed unit here)
                     fx.start = Some(start);
                     fx
                 }
@@ -188,7 +189,12 @@ impl Protocol for PreFix {
     }
 
     /// The pre-fix protocol has no pre-start check.
-    fn report_prepared(&self, _generation: u64, _exit: Exit) -> Fx {
+    /// The old protocol went to Stopped at once: there is no closes' report.
+    fn report_closed(&self, _generation: u64) -> Fx {
+        Fx::ignored()
+    }
+
+    fn report_prepared(&self, _generation: u64, _exit: Exit, _held: Option<()>) -> Fx {
         Fx::ignored()
     }
 
@@ -239,12 +245,16 @@ impl Protocol for LookThenResume {
         self.0.settle(command, accepted, wait)
     }
 
-    fn report_exit(&self, generation: u64, exit: Exit) -> Fx {
-        self.0.report_exit(generation, exit)
+    fn report_exit(&self, generation: u64, exit: Exit, held: Option<()>) -> Fx {
+        self.0.report_exit(generation, exit, held)
     }
 
-    fn report_prepared(&self, generation: u64, exit: Exit) -> Fx {
-        self.0.report_prepared(generation, exit)
+    fn report_prepared(&self, generation: u64, exit: Exit, held: Option<()>) -> Fx {
+        self.0.report_prepared(generation, exit, held)
+    }
+
+    fn report_closed(&self, generation: u64) -> Fx {
+        self.0.lifecycle().report_closed(generation)
     }
 
     fn snapshot(&self) -> Snapshot {

@@ -45,11 +45,13 @@ pub enum Input {
     RunFailed,
     /// The run returned because it was cancelled (or was aborted).
     RunCancelled,
+    /// Every unit a stop closes has been closed: each `close()` has returned.
+    Closed,
 }
 
 impl Input {
     /// Every input, in the order of the rendered table's columns.
-    pub const ALL: [Input; 11] = [
+    pub const ALL: [Input; 12] = [
         Input::Pause,
         Input::Resume,
         Input::Stop,
@@ -61,6 +63,7 @@ impl Input {
         Input::PrepOk,
         Input::PrepFailed,
         Input::PrepCancelled,
+        Input::Closed,
     ];
 
     /// The input for a caller's command.
@@ -98,6 +101,7 @@ impl Input {
             Input::RunOk { last_unit: true } => "run ok (last unit)",
             Input::RunFailed => "run failed",
             Input::RunCancelled => "run cancelled",
+            Input::Closed => "units closed",
         }
     }
 }
@@ -110,7 +114,8 @@ impl Input {
 pub struct Effects {
     /// Cancel the live run or preparation of the current generation.
     pub cancel: bool,
-    /// The current unit completed: close it and move to the next one.
+    /// The current unit completed (the run closed it before reporting): move to the
+    /// next one.
     pub unit_done: bool,
     /// Start a new generation (with a fresh cancel handle) before preparing or
     /// launching.
@@ -119,7 +124,8 @@ pub struct Effects {
     pub prepare: bool,
     /// Launch a run of the current unit.
     pub launch: bool,
-    /// Close every unit that has not completed.
+    /// Close every unit that has not completed, then report [`Input::Closed`]. The
+    /// stage stays Stopping until that report: Stopped means every `close()` returned.
     pub close_units: bool,
     /// Store the new configuration.
     pub apply_config: bool,
@@ -318,10 +324,11 @@ impl Table {
                 })
                 .mark(MarkChange::Clear)
                 .to(TableState::resuming()),
+            // Nothing is alive; Stopped waits for the units' closes.
             Input::Stop => context
                 .accept()
                 .effects(|e| e.close_units = true)
-                .to(TableState::stopped()),
+                .to(TableState::stopping()),
             Input::Update => {
                 context.accept().effects(|e| e.apply_config = true);
                 Handled
@@ -365,7 +372,9 @@ impl Table {
                 .accept()
                 .outcome(OutcomeChange::UnrequestedCancel)
                 .to(TableState::paused()),
-            Input::PrepOk | Input::PrepFailed | Input::PrepCancelled => context.ignore(),
+            Input::PrepOk | Input::PrepFailed | Input::PrepCancelled | Input::Closed => {
+                context.ignore()
+            }
         }
     }
 
@@ -401,6 +410,7 @@ impl Table {
                 .outcome(OutcomeChange::Cancelled)
                 .mark(MarkChange::Set)
                 .to(TableState::paused()),
+            Input::Closed => context.ignore(),
         }
     }
 
@@ -420,10 +430,11 @@ impl Table {
                 })
                 .mark(MarkChange::Clear)
                 .to(TableState::resuming()),
+            // Nothing is alive; Stopped waits for the units' closes.
             Input::Stop => context
                 .accept()
                 .effects(|e| e.close_units = true)
-                .to(TableState::stopped()),
+                .to(TableState::stopping()),
             Input::Update => {
                 context.accept().effects(|e| e.apply_config = true);
                 Handled
@@ -457,7 +468,9 @@ impl Table {
                 .accept()
                 .outcome(OutcomeChange::UnrequestedCancel)
                 .to(TableState::paused()),
-            Input::RunOk { .. } | Input::RunFailed | Input::RunCancelled => context.ignore(),
+            Input::RunOk { .. } | Input::RunFailed | Input::RunCancelled | Input::Closed => {
+                context.ignore()
+            }
         }
     }
 
@@ -467,27 +480,35 @@ impl Table {
             Input::Pause | Input::Resume | Input::Update => context.refuse(Refusal::StopInProgress),
             // A second stop joins the first: it waits for Stopped too.
             Input::Stop => context.stay(),
-            // The unit completed as it was being stopped: it is closed as completed,
-            // the rest are closed as stopped.
-            Input::RunOk { .. } => context
-                .accept()
-                .effects(|e| {
-                    e.unit_done = true;
-                    e.close_units = true;
-                })
-                .outcome(OutcomeChange::Completed)
-                .to(TableState::stopped()),
-            Input::RunFailed | Input::PrepFailed => context
-                .accept()
-                .effects(|e| e.close_units = true)
-                .outcome(OutcomeChange::Failed)
-                .to(TableState::stopped()),
+            // The unit completed as it was being stopped (its run closed it): the pointer
+            // moves past it and the rest are closed; Stopped waits for those closes.
+            Input::RunOk { .. } => {
+                context
+                    .accept()
+                    .effects(|e| {
+                        e.unit_done = true;
+                        e.close_units = true;
+                    })
+                    .outcome(OutcomeChange::Completed);
+                Handled
+            }
+            Input::RunFailed | Input::PrepFailed => {
+                context
+                    .accept()
+                    .effects(|e| e.close_units = true)
+                    .outcome(OutcomeChange::Failed);
+                Handled
+            }
             // A check that passed although it was cancelled completed nothing.
-            Input::RunCancelled | Input::PrepCancelled | Input::PrepOk => context
-                .accept()
-                .effects(|e| e.close_units = true)
-                .outcome(OutcomeChange::Cancelled)
-                .to(TableState::stopped()),
+            Input::RunCancelled | Input::PrepCancelled | Input::PrepOk => {
+                context
+                    .accept()
+                    .effects(|e| e.close_units = true)
+                    .outcome(OutcomeChange::Cancelled);
+                Handled
+            }
+            // Every close has returned: now the task is stopped.
+            Input::Closed => context.accept().to(TableState::stopped()),
         }
     }
 
@@ -551,7 +572,7 @@ impl fmt::Display for Verdict {
                     parts.push("cancel");
                 }
                 if e.unit_done {
-                    parts.push("close unit, next");
+                    parts.push("next unit");
                 }
                 if e.new_generation {
                     parts.push("new generation");

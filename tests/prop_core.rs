@@ -45,6 +45,19 @@ impl CancelHandle for Flag {
     fn cancel(&self) {
         self.0.store(true, Ordering::SeqCst);
     }
+
+    fn abort(&self) {
+        self.cancel();
+    }
+
+    // The scripted driver plays runs by hand and never awaits a signal.
+    fn cancelled(&self) -> impl std::future::Future<Output = ()> + Send + '_ {
+        std::future::pending()
+    }
+
+    fn aborted(&self) -> impl std::future::Future<Output = ()> + Send + '_ {
+        std::future::pending()
+    }
 }
 
 /// One input of a generated sequence.
@@ -247,7 +260,8 @@ struct LiveRun {
 /// effects.
 #[derive(Debug)]
 struct Driver {
-    core: Lifecycle<Flag, u32>,
+    /// The slots hold each unit's index, so a close can be counted per unit.
+    core: Lifecycle<Flag, u32, usize>,
     live: Vec<LiveRun>,
     counter: Arc<Counter>,
     closes: Vec<u32>,
@@ -257,14 +271,20 @@ struct Driver {
 
 impl Driver {
     /// Carries out the effects of an accepted input, in the documented order.
-    fn carry_out(&mut self, applied: Applied<Flag, u32>) {
+    fn carry_out(&mut self, applied: Applied<Flag, u32, usize>) {
         if let Some(cancel) = applied.cancel {
             cancel.cancel();
         }
-        if let Some(unit) = applied.closed_unit {
-            self.closes[unit] += 1;
-        }
+        assert!(
+            applied.orphan.is_none(),
+            "an accepted report left a unit without a slot"
+        );
         if let Some(start) = applied.start {
+            assert_eq!(
+                start.held,
+                Some(start.unit),
+                "a start must carry its own unit"
+            );
             self.live.push(LiveRun {
                 kind: start.kind,
                 generation: start.generation,
@@ -275,22 +295,31 @@ impl Driver {
                 _guard: LiveGuard::enter(&self.counter),
             });
         }
-        if let Some(units) = applied.close_units {
+        if let Some(units) = applied.close {
             for unit in units {
                 self.closes[unit] += 1;
             }
+            let generation = applied.transition.map(|t| t.generation).unwrap_or_default();
+            let closed = self.core.report_closed(generation);
+            assert_eq!(
+                closed.stage(),
+                Some(Stage::Stopped),
+                "the closes' report ends the stop"
+            );
+            self.carry_out(closed);
         }
     }
 
     /// Removes (and so drops) the live run or check of `kind`, and returns its
     /// generation: a driver reports an exit only after the future is gone.
-    fn finish(&mut self, kind: StartKind) -> u64 {
+    fn finish(&mut self, kind: StartKind) -> (u64, usize) {
         let index = self
             .live
             .iter()
             .position(|run| run.kind == kind)
             .unwrap_or_else(|| panic!("the model says a {kind:?} is alive; the driver has none"));
-        self.live.remove(index).generation
+        let run = self.live.remove(index);
+        (run.generation, run.unit)
     }
 
     fn command(&mut self, step: Step, expect: Expect) {
@@ -384,7 +413,7 @@ impl StateMachineTest for CoreTest {
 
     fn init_test(reference: &Reference) -> Driver {
         Driver {
-            core: Lifecycle::new(reference.model.units, 0),
+            core: Lifecycle::new((0..reference.model.units).collect(), 0),
             live: Vec::new(),
             counter: Arc::default(),
             closes: vec![0; reference.model.units],
@@ -404,11 +433,16 @@ impl StateMachineTest for CoreTest {
                     Step::RunExit(_) => (Kind::Run, StartKind::Launch),
                     _ => (Kind::Prep, StartKind::Prepare),
                 };
-                let generation = driver.finish(start);
+                let (generation, unit) = driver.finish(start);
                 let exit = core_exit(kind, generation, exit);
                 let applied = match kind {
-                    Kind::Run => driver.core.report_exit(generation, exit),
-                    Kind::Prep => driver.core.report_prepared(generation, exit),
+                    // A completed run closes its unit before it reports.
+                    Kind::Run if matches!(exit, taskstage::Exit::Ok) => {
+                        driver.closes[unit] += 1;
+                        driver.core.report_exit(generation, exit, None)
+                    }
+                    Kind::Run => driver.core.report_exit(generation, exit, Some(unit)),
+                    Kind::Prep => driver.core.report_prepared(generation, exit, Some(unit)),
                 };
                 assert!(
                     applied.transition.is_some(),
@@ -423,16 +457,23 @@ impl StateMachineTest for CoreTest {
             } => {
                 let before = driver.core.snapshot();
                 let exit = core_exit(kind, generation, exit);
+                // A stale report hands back a stand-in unit, which must come back.
                 let applied = match kind {
-                    Kind::Run => driver.core.report_exit(generation, exit),
-                    Kind::Prep => driver.core.report_prepared(generation, exit),
+                    Kind::Run => driver.core.report_exit(generation, exit, Some(usize::MAX)),
+                    Kind::Prep => driver
+                        .core
+                        .report_prepared(generation, exit, Some(usize::MAX)),
                 };
+                assert_eq!(
+                    applied.orphan,
+                    Some(usize::MAX),
+                    "a stale report kept its unit"
+                );
                 assert!(
                     applied.transition.is_none()
                         && applied.cancel.is_none()
                         && applied.start.is_none()
-                        && applied.closed_unit.is_none()
-                        && applied.close_units.is_none(),
+                        && applied.close.is_none(),
                     "a stale report of generation {generation} was acted on: {applied:?}"
                 );
                 common::assert_unchanged(&before, &driver.core.snapshot(), "a stale report");

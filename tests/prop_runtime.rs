@@ -112,8 +112,6 @@ struct Reference {
     expect: Expect,
     /// Built with `spawn()` (started at once) rather than `spawn_paused()`.
     started: bool,
-    /// Units whose run was aborted: the unit went with the run's future.
-    lost: Vec<bool>,
 }
 
 impl Reference {
@@ -131,10 +129,9 @@ impl Reference {
             (Kind::Run, Reaction::Cooperate) => Some(Exit::Cancelled),
             (Kind::Run, Reaction::Finish) => Some(Exit::Ok),
             (Kind::Run, Reaction::Fail) => Some(Exit::Failed(Failure::Error)),
-            (Kind::Run, Reaction::Ignore) if stopping => {
-                self.lost[alive.unit] = true;
-                Some(Exit::Cancelled)
-            }
+            // Aborted: the run's future is dropped, the unit is kept, and the stop
+            // closes it with the others.
+            (Kind::Run, Reaction::Ignore) if stopping => Some(Exit::Cancelled),
             (Kind::Run, Reaction::Ignore) => None,
         };
         if let Some(exit) = exit {
@@ -146,8 +143,7 @@ impl Reference {
         self.model
             .closed
             .iter()
-            .zip(&self.lost)
-            .map(|(&closed, &lost)| u32::from(closed && !lost))
+            .map(|&closed| u32::from(closed))
             .collect()
     }
 }
@@ -167,7 +163,6 @@ impl ReferenceStateMachine for Reference {
                     model,
                     expect: Expect::Start,
                     started,
-                    lost: vec![false; units],
                 }
             })
             .boxed()

@@ -97,7 +97,7 @@ fn expected(stage: Stage, input: Input) -> Want {
         // New
         (New, Pause) => Want::Refuse(Refusal::NotStarted),
         (New, Resume) => to(Resuming).start(Start::Prepare).mark(M::Clear),
-        (New, Stop) => to(Stopped).close(),
+        (New, Stop) => to(Stopping).close(),
         (New, Update) => to(New),
         (New, _) => Want::Ignore,
         // Running
@@ -132,7 +132,7 @@ fn expected(stage: Stage, input: Input) -> Want {
         // Paused
         (Paused, Pause) => to(Paused).mark(M::Set),
         (Paused, Resume) => to(Resuming).start(Start::Prepare).mark(M::Clear),
-        (Paused, Stop) => to(Stopped).close(),
+        (Paused, Stop) => to(Stopping).close(),
         (Paused, Update) => to(Paused),
         (Paused, _) => Want::Ignore,
         // Resuming
@@ -147,11 +147,15 @@ fn expected(stage: Stage, input: Input) -> Want {
         // Stopping
         (Stopping, Pause | Resume | Update) => Want::Refuse(Refusal::StopInProgress),
         (Stopping, Stop) => to(Stopping),
-        (Stopping, RunOk { .. }) => to(Stopped).unit_done().close().outcome(O::Completed),
-        (Stopping, RunFailed | PrepFailed) => to(Stopped).close().outcome(O::Failed),
+        // Stopped means every unit closed (invariant 9): a stop stays Stopping until
+        // the closes it asked for have returned.
+        (Stopping, RunOk { .. }) => to(Stopping).unit_done().close().outcome(O::Completed),
+        (Stopping, RunFailed | PrepFailed) => to(Stopping).close().outcome(O::Failed),
         (Stopping, RunCancelled | PrepCancelled | PrepOk) => {
-            to(Stopped).close().outcome(O::Cancelled)
+            to(Stopping).close().outcome(O::Cancelled)
         }
+        (Stopping, Closed) => to(Stopped),
+        (_, Closed) => Want::Ignore,
         // Terminal stages
         (Stopped, Stop) => to(Stopped),
         (Stopped, Pause | Resume | Update) => Want::Refuse(Refusal::Stopped),
@@ -209,7 +213,7 @@ fn every_stage_input_pair_matches_the_specification() {
         }
     }
     assert_eq!(checked, Stage::ALL.len() * Input::ALL.len());
-    assert_eq!(checked, 88);
+    assert_eq!(checked, 96);
 }
 
 #[test]
@@ -231,9 +235,25 @@ fn no_transitional_stage_outlives_its_cause() {
     let events = || Input::ALL.into_iter().filter(|i| i.command().is_none());
     let prep_only =
         |i: &Input| matches!(i, Input::PrepOk | Input::PrepFailed | Input::PrepCancelled);
+    let stopping_only = |i: &Input| *i == Input::Closed;
     for stage in [Stage::Pausing, Stage::Stopping, Stage::Resuming] {
-        for input in events().filter(|i| stage != Stage::Resuming || prep_only(i)) {
+        for input in events()
+            .filter(|i| stage != Stage::Resuming || prep_only(i))
+            .filter(|i| stage == Stage::Stopping || !stopping_only(i))
+        {
             match decide(stage, input) {
+                // Stopping hands over from the run to the closes: it is left on their
+                // report, `units closed`.
+                Verdict::Step(step) if stage == Stage::Stopping && input != Input::Closed => {
+                    assert!(
+                        step.effects.close_units,
+                        "{stage} × {input:?} closes nothing"
+                    );
+                    let Verdict::Step(after) = decide(step.to, Input::Closed) else {
+                        panic!("{stage} × {input:?}: the closes' report is not accepted");
+                    };
+                    assert_eq!(after.to, Stage::Stopped, "{stage} × {input:?}, then closed");
+                }
                 Verdict::Step(step) => assert_ne!(step.to, stage, "{stage} × {input:?}"),
                 other => panic!("{stage} × {input:?} gave {other:?}"),
             }

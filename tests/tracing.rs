@@ -114,7 +114,8 @@ fn one_event_per_transition_inside_the_task_span() {
             ("Resuming", "Running", "prep ok"),
             ("Running", "Pausing", "pause"),
             ("Pausing", "Paused", "run cancelled"),
-            ("Paused", "Stopped", "stop"),
+            ("Paused", "Stopping", "stop"),
+            ("Stopping", "Stopped", "units closed"),
         ]
     );
     assert!(events.iter().all(|(span, ..)| span == "task"));

@@ -187,18 +187,28 @@ fn closes(closed: &Arc<AtomicUsize>, complete: bool, close_takes: Duration) -> C
 }
 
 /// Registers an observer that records the terminal stage it sees first and how many
-/// closes had returned at that instant.
+/// closes had returned at that instant. The record is sent on a watch channel, since
+/// the observer runs on whichever thread published the stage.
 fn record_closes_at_terminal(
     handle: &Handle,
     closed: &Arc<AtomicUsize>,
-) -> Arc<Mutex<Option<(Stage, usize)>>> {
-    let seen = Arc::new(Mutex::new(None));
+) -> tokio::sync::watch::Receiver<Option<(Stage, usize)>> {
+    let (record, seen) = tokio::sync::watch::channel(None);
     let closed = Arc::clone(closed);
-    let record = Arc::clone(&seen);
     observe(handle, Stage::is_terminal, move |snapshot| {
-        *record.lock().unwrap() = Some((snapshot.stage, closed.load(Ordering::SeqCst)));
+        record.send_replace(Some((snapshot.stage, closed.load(Ordering::SeqCst))));
     });
     seen
+}
+
+/// What the observer recorded, waited for with a deadline.
+async fn recorded(
+    mut seen: tokio::sync::watch::Receiver<Option<(Stage, usize)>>,
+) -> (Stage, usize) {
+    match tokio::time::timeout(Duration::from_secs(10), seen.wait_for(Option::is_some)).await {
+        Ok(Ok(record)) => record.expect("waited for a record"),
+        _ => panic!("the observer of the terminal stage never ran"),
+    }
 }
 
 on_both_runtimes! {
@@ -213,8 +223,8 @@ on_both_runtimes! {
         let seen = record_closes_at_terminal(&handle, &closed);
         assert_eq!(handle.stop().await.unwrap(), Stage::Stopped);
         assert_eq!(closed.load(Ordering::SeqCst), 3, "stop returned before every close");
-        let seen = *seen.lock().unwrap();
-        assert_eq!(seen, Some((Stage::Stopped, 3)), "Stopped was published before the closes returned: {seen:?}");
+        let seen = recorded(seen).await;
+        assert_eq!(seen, (Stage::Stopped, 3), "Stopped was published before the closes returned: {seen:?}");
     }
 }
 
@@ -233,8 +243,8 @@ on_both_runtimes! {
         // already be done.
         assert_eq!(handle.stop().await.unwrap(), Stage::Finished);
         assert_eq!(closed.load(Ordering::SeqCst), 2, "stop of Finished returned before the last close");
-        let seen = *seen.lock().unwrap();
-        assert_eq!(seen, Some((Stage::Finished, 2)), "Finished was published before the last close returned: {seen:?}");
+        let seen = recorded(seen).await;
+        assert_eq!(seen, (Stage::Finished, 2), "Finished was published before the last close returned: {seen:?}");
     }
 }
 
@@ -303,7 +313,12 @@ fn a_wait_for_predicate_may_use_the_handle(runtime: tokio::runtime::Runtime) {
             own.block_on(waiter.wait_for(move |_| inner.snapshot().stage == Stage::Running));
         let _ = done.send(snapshot.stage);
     });
-    match finished.recv_timeout(Duration::from_secs(10)) {
+    // Drive the task's runtime while waiting (a current-thread runtime runs its tasks
+    // only inside `block_on`).
+    let waited = runtime.block_on(async {
+        tokio::task::spawn_blocking(move || finished.recv_timeout(Duration::from_secs(10))).await
+    });
+    match waited.expect("the waiting thread panicked") {
         Ok(stage) => assert_eq!(stage, Stage::Running),
         Err(_) => {
             std::mem::forget(handle);

@@ -483,7 +483,7 @@ on_both_runtimes! {
         first.notify_one();
         let snap = task
             .handle()
-            .wait_for(|s| s.stage == Stage::Running && s.unit == Some(1))
+            .wait_for(|s| s.stage == Stage::Running && s.unit_index() == Some(1))
             .await;
         assert_eq!(snap.generation, 2, "the next unit is a new run");
         second.notify_one();

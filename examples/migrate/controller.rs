@@ -314,13 +314,13 @@ fn failed(stage: Stage, outcome: Option<&Outcome>) -> bool {
 }
 
 /// The task has ended, or stopped on a failure: no trigger can come any more.
-fn over(s: &taskstage::lifecycle::Snapshot) -> bool {
+fn over(s: &taskstage::TaskSnapshot) -> bool {
     s.stage.is_terminal() || failed(s.stage, s.outcome.as_ref())
 }
 
 /// The unit has been left behind: the task moved past it, ended, or failed.
-fn past(s: &taskstage::lifecycle::Snapshot, unit: usize) -> bool {
-    s.unit.is_none_or(|u| u > unit) || over(s)
+fn past(s: &taskstage::TaskSnapshot, unit: usize) -> bool {
+    s.unit_index().is_none_or(|u| u > unit) || over(s)
 }
 
 fn failure(snap: &TaskSnapshot) -> Option<ControlError> {
@@ -408,7 +408,7 @@ async fn reached(
         }
         Trigger::Switch { into } => {
             let snap = handle
-                .wait_for(move |s| s.unit.is_none_or(|u| u >= into) || over(s))
+                .wait_for(move |s| s.unit_index().is_none_or(|u| u >= into) || over(s))
                 .await;
             snap.unit.as_ref().is_some_and(|(u, _)| *u == into)
                 && !snap.stage.is_terminal()
@@ -416,7 +416,7 @@ async fn reached(
         }
         Trigger::Delay { unit, after } => {
             let snap = handle
-                .wait_for(move |s| s.unit.is_none_or(|u| u >= unit) || over(s))
+                .wait_for(move |s| s.unit_index().is_none_or(|u| u >= unit) || over(s))
                 .await;
             if snap.unit.as_ref().map(|(u, _)| *u) != Some(unit) || failure(&snap).is_some() {
                 return false;

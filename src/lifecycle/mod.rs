@@ -37,6 +37,10 @@
 //! table and allocation. Effects, wakers and condition-variable notifications all run
 //! after it is released.
 
+mod catch;
+pub mod driver;
+#[cfg(taskstage_loom)]
+pub mod prefix;
 mod waiters;
 
 use std::fmt;
@@ -53,25 +57,26 @@ use crate::table::{self, Input, MarkChange, OutcomeChange, Verdict};
 
 use self::waiters::Waiters;
 
-/// A handle that cancels one run or pre-start check.
+/// The signals of one run or pre-start check: a cooperative cancel, and an abort.
 ///
-/// The core creates one per generation, under its lock, and hands clones to the
-/// driver (which gives one to the run) and to every pause or stop that cancels it.
+/// The core creates one per generation, under its lock, in the critical section that
+/// makes the generation current, so both exist before the stage that names the run is
+/// published (invariants 3 and 9): a pause or an abort issued at any instant after that
+/// reaches the run, however late the run's future is spawned or first polled. The
+/// core hands clones to the driver (which gives one to the run) and to every pause,
+/// stop or abort that targets it.
 pub trait CancelHandle: Clone + Send + Sync + 'static {
-    /// A fresh, uncancelled handle.
+    /// A fresh handle, neither cancelled nor aborted.
     fn new_handle() -> Self;
-    /// Requests cancellation. Idempotent.
+    /// Requests cancellation: the run should return soon. Idempotent.
     fn cancel(&self);
-}
-
-impl CancelHandle for tokio_util::sync::CancellationToken {
-    fn new_handle() -> Self {
-        tokio_util::sync::CancellationToken::new()
-    }
-
-    fn cancel(&self) {
-        tokio_util::sync::CancellationToken::cancel(self);
-    }
+    /// Requests an abort: the driver drops the run's future at its next poll, without
+    /// the run's cooperation. Idempotent.
+    fn abort(&self);
+    /// Completes once [`CancelHandle::cancel`] was called.
+    fn cancelled(&self) -> impl Future<Output = ()> + Send + '_;
+    /// Completes once [`CancelHandle::abort`] was called.
+    fn aborted(&self) -> impl Future<Output = ()> + Send + '_;
 }
 
 /// A copy of a task's state, taken under the core's lock.
@@ -121,8 +126,11 @@ pub enum StartKind {
 }
 
 /// An effect that starts user code: a pre-start check or a run.
-#[derive(Debug, Clone)]
-pub struct Start<K, C> {
+///
+/// It carries the unit itself, taken out of its slot in the critical section that
+/// decided the start: no other start can hold it until a report puts it back.
+#[derive(Debug)]
+pub struct Start<K, C, U> {
     /// What to start.
     pub kind: StartKind,
     /// The generation to report the exit with.
@@ -135,29 +143,35 @@ pub struct Start<K, C> {
     pub cancel: K,
     /// The configuration in force.
     pub config: Arc<C>,
+    /// The unit, out of its slot; `None` if it was lost (a run that held it was
+    /// dropped by its runtime without returning it).
+    pub held: Option<U>,
 }
 
 /// The result of an accepted input: the transition and the effects to carry out.
 ///
 /// It is produced after the core's lock is released. Carry the effects out in field
-/// order: `cancel`, `closed_unit`, `start`, `close_units`.
+/// order: `cancel`, `start`, `close`; drop `orphan` with no lock held.
 #[derive(Debug)]
 #[must_use = "the effects of an accepted input must be carried out"]
-pub struct Applied<K, C> {
+pub struct Applied<K, C, U> {
     /// The transition, or `None` when the input was ignored (a stale or impossible
     /// exit report).
     pub transition: Option<Transition>,
     /// Cancel this handle (the live run's or preparation's).
     pub cancel: Option<K>,
-    /// This unit completed: close it.
-    pub closed_unit: Option<usize>,
     /// Start a pre-start check or a run.
-    pub start: Option<Start<K, C>>,
-    /// Close these units (the task stopped).
-    pub close_units: Option<Range<usize>>,
+    pub start: Option<Start<K, C, U>>,
+    /// Close these units, then report [`Lifecycle::report_closed`] with the
+    /// transition's generation: the stage stays Stopping until then. Present (maybe
+    /// empty) exactly when the table asked for the closes.
+    pub close: Option<Vec<U>>,
+    /// A unit handed back by an ignored report; the caller drops it (its `Drop` is
+    /// user code, so the core never runs it under its lock).
+    pub orphan: Option<U>,
 }
 
-impl<K, C> Applied<K, C> {
+impl<K, C, U> Applied<K, C, U> {
     /// The result of an input that changed nothing: no transition, no effects. What
     /// the core returns for a stale or impossible exit report; also what another
     /// protocol written against the same effect vocabulary returns for one.
@@ -165,9 +179,9 @@ impl<K, C> Applied<K, C> {
         Applied {
             transition: None,
             cancel: None,
-            closed_unit: None,
             start: None,
-            close_units: None,
+            close: None,
+            orphan: None,
         }
     }
 
@@ -198,6 +212,11 @@ impl Settle {
         self.command
     }
 
+    /// The generation that was current when the command was accepted.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
     /// The stage this wait reports as reached, or `None` while it must go on.
     ///
     /// A pause is settled once its stage has left Pausing and Stopping (the run
@@ -214,12 +233,25 @@ impl Settle {
     }
 }
 
+/// Where a unit is, as the core's slot for it says.
+#[derive(Debug)]
+enum Slot<U> {
+    /// In its slot: no run or check holds it.
+    Here(U),
+    /// Held by the run or check of the current generation.
+    Out,
+    /// Completed and closed by its run, or closed by a stop.
+    Done,
+    /// Dropped with a run that never returned it (a runtime shutting down).
+    Lost,
+}
+
 /// The lifecycle core of one task.
 ///
-/// `K` is the cancel handle type (a `CancellationToken` under tokio); `C` is the
-/// configuration type.
-pub struct Lifecycle<K, C = ()> {
-    state: Mutex<State<K, C>>,
+/// `K` is the cancel handle type; `C` is the configuration type; `U` is the unit type
+/// the slots hold (the runtime layer's boxed unit, or a model's unit).
+pub struct Lifecycle<K, C = (), U = ()> {
+    state: Mutex<State<K, C, U>>,
     /// Lock-free copy of `state.stage`.
     ///
     /// Written only under `state`'s lock with `Release`, read with `Acquire`: a reader
@@ -230,13 +262,17 @@ pub struct Lifecycle<K, C = ()> {
     changed: Condvar,
 }
 
-struct State<K, C> {
+struct State<K, C, U> {
     stage: Stage,
     generation: u64,
     /// The current generation's cancel handle; `None` only before the first run.
     cancel: Option<K>,
     unit: usize,
     units: usize,
+    /// One slot per unit. A unit leaves its slot only in the critical section that
+    /// decides its start, and re-enters it only in the one that decides the stage its
+    /// report leads to (invariant 9: New and Paused find every unit here).
+    slots: Vec<Slot<U>>,
     /// Whether the current unit has been launched before (its next start is a resume).
     unit_started: bool,
     outcome: Option<Outcome>,
@@ -250,7 +286,7 @@ struct State<K, C> {
     blocked: usize,
 }
 
-impl<K, C> fmt::Debug for Lifecycle<K, C> {
+impl<K, C, U> fmt::Debug for Lifecycle<K, C, U> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = lock(&self.state);
         f.debug_struct("Lifecycle")
@@ -265,20 +301,26 @@ impl<K, C> fmt::Debug for Lifecycle<K, C> {
     }
 }
 
-impl<K: CancelHandle, C> Lifecycle<K, C> {
-    /// A task in stage New with `units` units and the given configuration.
-    pub fn new(units: usize, config: C) -> Self {
+impl<K: CancelHandle, C, U> Lifecycle<K, C, U> {
+    /// A task in stage New with the given units and configuration.
+    pub fn new(units: Vec<U>, config: C) -> Self {
+        Self::with_shared_config(units, Arc::new(config))
+    }
+
+    /// As [`Lifecycle::new`], with a configuration the caller also holds.
+    pub fn with_shared_config(units: Vec<U>, config: Arc<C>) -> Self {
         Lifecycle {
             state: Mutex::new(State {
                 stage: Stage::New,
                 generation: 0,
                 cancel: None,
                 unit: 0,
-                units,
+                units: units.len(),
+                slots: units.into_iter().map(Slot::Here).collect(),
                 unit_started: false,
                 outcome: None,
                 user_paused: false,
-                config: Arc::new(config),
+                config,
                 seq: 0,
                 waiters: Waiters::default(),
                 blocked: 0,
@@ -314,7 +356,7 @@ impl<K: CancelHandle, C> Lifecycle<K, C> {
     ///
     /// [`Error::Refused`] when the table refuses the command in the current stage;
     /// nothing changes then.
-    pub fn command(&self, command: Command) -> Result<Applied<K, C>, Error> {
+    pub fn command(&self, command: Command) -> Result<Applied<K, C, U>, Error> {
         self.input(Input::from_command(command), None, None, None)
     }
 
@@ -328,7 +370,11 @@ impl<K: CancelHandle, C> Lifecycle<K, C> {
     /// [`Error::Refused`] with [`Refusal::Changed`](crate::Refusal::Changed) when
     /// anything changed since `seq`; otherwise as [`Lifecycle::command`]. Nothing
     /// changes on an error.
-    pub fn command_if_unchanged(&self, command: Command, seq: u64) -> Result<Applied<K, C>, Error> {
+    pub fn command_if_unchanged(
+        &self,
+        command: Command,
+        seq: u64,
+    ) -> Result<Applied<K, C, U>, Error> {
         self.input(Input::from_command(command), None, None, Some(seq))
     }
 
@@ -337,42 +383,112 @@ impl<K: CancelHandle, C> Lifecycle<K, C> {
     /// # Errors
     ///
     /// [`Error::Refused`] outside New and Paused; the configuration is unchanged then.
-    pub fn update(&self, config: C) -> Result<Applied<K, C>, Error> {
+    pub fn update(&self, config: C) -> Result<Applied<K, C, U>, Error> {
         self.input(Input::Update, None, Some(config), None)
     }
 
-    /// Reports how the pre-start check of `generation` ended.
+    /// Reports how the pre-start check of `generation` ended, handing back the unit
+    /// it held (`None` if it was lost). The unit re-enters its slot in the same
+    /// critical section that decides the stage this report leads to.
     ///
-    /// A report of another generation than the current one is ignored (invariant 6).
-    pub fn report_prepared(&self, generation: u64, exit: Exit) -> Applied<K, C> {
+    /// A report of another generation than the current one is ignored (invariant 6);
+    /// the unit then comes back as [`Applied::orphan`].
+    pub fn report_prepared(
+        &self,
+        generation: u64,
+        exit: Exit,
+        held: Option<U>,
+    ) -> Applied<K, C, U> {
         let input = match exit {
             Exit::Ok => Input::PrepOk,
             Exit::Failed(_) => Input::PrepFailed,
             Exit::Cancelled => Input::PrepCancelled,
         };
-        self.report(generation, input, exit)
+        self.report(generation, input, exit, Return::Unit(held))
     }
 
     /// Reports how the run of `generation` ended. Call it only once the run's future
     /// has been dropped (invariant 2 rests on it).
     ///
+    /// A run that completed (`Exit::Ok`) has closed its unit before reporting and
+    /// hands nothing back (a unit passed anyway comes back as [`Applied::orphan`]);
+    /// any other exit hands the unit back (`None` if it was lost), and it re-enters
+    /// its slot in the critical section that decides the stage the report leads to.
+    ///
     /// A report of another generation than the current one is ignored (invariant 6).
-    pub fn report_exit(&self, generation: u64, exit: Exit) -> Applied<K, C> {
+    pub fn report_exit(&self, generation: u64, exit: Exit, held: Option<U>) -> Applied<K, C, U> {
         let input = match exit {
             // Filled in under the lock, where the unit index is known.
             Exit::Ok => Input::RunOk { last_unit: false },
             Exit::Failed(_) => Input::RunFailed,
             Exit::Cancelled => Input::RunCancelled,
         };
-        self.report(generation, input, exit)
+        self.report(generation, input, exit, Return::Unit(held))
     }
 
-    fn report(&self, generation: u64, input: Input, exit: Exit) -> Applied<K, C> {
+    /// Reports that every unit of a `close` effect has been closed (each `close()`
+    /// returned). `generation` is the one of the transition that asked for the closes.
+    pub fn report_closed(&self, generation: u64) -> Applied<K, C, U> {
+        self.report(generation, Input::Closed, Exit::Ok, Return::Nothing)
+    }
+
+    /// Aborts the run or check of `generation`, if it is still the current one: its
+    /// future is dropped at its next poll, and its report follows as for a cancel.
+    /// Returns whether the abort was sent. The abort signal exists from the moment
+    /// the generation became current, so an abort can never be forgotten, however
+    /// early it comes (invariant 9).
+    pub fn abort(&self, generation: u64) -> bool {
+        let handle = {
+            let state = lock(&self.state);
+            (state.generation == generation)
+                .then(|| state.cancel.clone())
+                .flatten()
+        };
+        match handle {
+            Some(handle) => {
+                handle.abort();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Puts `unit` back into slot `index` if that slot lost it: the old, late
+    /// hand-back, for the pre-fix variant of the models only.
+    #[cfg(taskstage_loom)]
+    pub(crate) fn prefix_put_back(&self, index: usize, unit: U) {
+        let mut state = lock(&self.state);
+        if let Some(slot) = state.slots.get_mut(index) {
+            if matches!(slot, Slot::Lost) {
+                *slot = Slot::Here(unit);
+            }
+        }
+    }
+
+    /// Marks slot `index`, which lost its unit, as held again: the old code kept the
+    /// unit for a launch of the same generation. Pre-fix variant only.
+    #[cfg(taskstage_loom)]
+    pub(crate) fn prefix_reclaim(&self, index: usize) {
+        let mut state = lock(&self.state);
+        if let Some(slot) = state.slots.get_mut(index) {
+            if matches!(slot, Slot::Lost) {
+                *slot = Slot::Out;
+            }
+        }
+    }
+
+    fn report(
+        &self,
+        generation: u64,
+        input: Input,
+        exit: Exit,
+        held: Return<U>,
+    ) -> Applied<K, C, U> {
         let error = match exit {
             Exit::Failed(error) => Some(error),
             Exit::Ok | Exit::Cancelled => None,
         };
-        match self.input(input, Some((generation, error)), None, None) {
+        match self.input(input, Some((generation, error, held)), None, None) {
             Ok(applied) => applied,
             // Reports are events, which the table never refuses.
             Err(_) => Applied::ignored(),
@@ -382,10 +498,10 @@ impl<K: CancelHandle, C> Lifecycle<K, C> {
     fn input(
         &self,
         mut input: Input,
-        report: Option<(u64, Option<RunError>)>,
+        report: Option<(u64, Option<RunError>, Return<U>)>,
         config: Option<C>,
         expected_seq: Option<u64>,
-    ) -> Result<Applied<K, C>, Error> {
+    ) -> Result<Applied<K, C, U>, Error> {
         let mut state = lock(&self.state);
         if let (Some(seq), Some(command)) = (expected_seq, input.command()) {
             if seq != state.seq {
@@ -397,12 +513,14 @@ impl<K: CancelHandle, C> Lifecycle<K, C> {
             }
         }
         let mut error = None;
-        if let Some((generation, reported_error)) = report {
+        let mut held = Return::Nothing;
+        if let Some((generation, reported_error, returned)) = report {
             // Invariant 6: the stale fence comes before the table.
             if generation != state.generation {
-                return Ok(Applied::ignored());
+                return Ok(Applied::ignored_with(returned));
             }
             error = reported_error;
+            held = returned;
             if let Input::RunOk { .. } = input {
                 input = Input::RunOk {
                     last_unit: state.unit + 1 >= state.units,
@@ -412,7 +530,7 @@ impl<K: CancelHandle, C> Lifecycle<K, C> {
         let from = state.stage;
         let step = match table::decide(from, input) {
             Verdict::Step(step) => step,
-            Verdict::Ignored => return Ok(Applied::ignored()),
+            Verdict::Ignored => return Ok(Applied::ignored_with(held)),
             Verdict::Refused(reason) => {
                 return Err(Error::Refused {
                     command: input
@@ -425,12 +543,16 @@ impl<K: CancelHandle, C> Lifecycle<K, C> {
         };
 
         let mut applied = Applied::ignored();
+        // Invariant 9: the unit a report hands back re-enters its slot here, in the
+        // critical section that publishes the stage the report leads to.
+        if let Return::Unit(returned) = held {
+            applied.orphan = state.put_back(input, returned);
+        }
         let effects = step.effects;
         if effects.cancel {
             applied.cancel = Some(state.current_cancel(from));
         }
         if effects.unit_done {
-            applied.closed_unit = Some(state.unit);
             state.unit += 1;
             state.unit_started = false;
         }
@@ -445,20 +567,23 @@ impl<K: CancelHandle, C> Lifecycle<K, C> {
             } else {
                 StartKind::Prepare
             };
+            let unit = state.unit;
             applied.start = Some(Start {
                 kind,
                 generation: state.generation,
-                unit: state.unit,
+                unit,
                 resume: state.unit_started,
                 cancel: state.current_cancel(from),
                 config: Arc::clone(&state.config),
+                held: state.take_out(unit),
             });
             if effects.launch {
                 state.unit_started = true;
             }
         }
         if effects.close_units {
-            applied.close_units = Some(state.unit.min(state.units)..state.units);
+            let remaining = state.unit.min(state.units)..state.units;
+            applied.close = Some(state.take_for_close(remaining));
         }
         if effects.apply_config {
             if let Some(config) = config {
@@ -513,7 +638,7 @@ impl<K: CancelHandle, C> Lifecycle<K, C> {
     /// # Cancel safety
     ///
     /// Cancel safe: dropping the future unregisters its waker and changes nothing else.
-    pub fn settled(&self, settle: Settle) -> Settled<'_, K, C> {
+    pub fn settled(&self, settle: Settle) -> Settled<'_, K, C, U> {
         Settled {
             core: self,
             settle,
@@ -540,10 +665,15 @@ impl<K: CancelHandle, C> Lifecycle<K, C> {
 
     /// Waits (async) until `predicate` holds for a snapshot, and returns that snapshot.
     ///
+    /// The predicate is user code: it runs on a copy of the state, with no lock of the
+    /// core held (invariant 7), so it may call back into the task. The waiter is
+    /// registered in the critical section that takes the copy, so a change after the
+    /// copy always wakes it to look again.
+    ///
     /// # Cancel safety
     ///
     /// Cancel safe: dropping the future unregisters its waker and changes nothing else.
-    pub fn wait_until<P>(&self, predicate: P) -> WaitUntil<'_, K, C, P>
+    pub fn wait_until<P>(&self, predicate: P) -> WaitUntil<'_, K, C, U, P>
     where
         P: FnMut(&Snapshot) -> bool,
     {
@@ -586,7 +716,88 @@ impl<K: CancelHandle, C> Lifecycle<K, C> {
     }
 }
 
-impl<K, C> State<K, C> {
+/// What a report hands back to the core.
+enum Return<U> {
+    /// Nothing: the report is about closes, not about a run.
+    Nothing,
+    /// The unit the run or check held (`None` if it was lost).
+    Unit(Option<U>),
+}
+
+impl<K, C, U> Applied<K, C, U> {
+    fn ignored_with(returned: Return<U>) -> Self {
+        let mut applied = Applied::ignored();
+        if let Return::Unit(unit) = returned {
+            applied.orphan = unit;
+        }
+        applied
+    }
+}
+
+impl<K, C, U> State<K, C, U> {
+    /// Puts the unit a report of the current generation hands back into its slot.
+    /// Returns a unit that has no place (a completed run passed one anyway).
+    fn put_back(&mut self, input: Input, returned: Option<U>) -> Option<U> {
+        let Some(slot) = self.slots.get_mut(self.unit) else {
+            return returned;
+        };
+        match (&*slot, &returned) {
+            // Out: the start took the unit. Lost: the start found none, and reports
+            // that.
+            (Slot::Out | Slot::Lost, _) => {}
+            // A start that found no unit reports nothing back, while the unit came back
+            // late by another way: only the pre-fix variant of the models does that.
+            (Slot::Here(_), None) => return None,
+            (Slot::Here(_) | Slot::Done, _) => panic!(
+                "a report of the current generation found unit {} in its slot",
+                self.unit
+            ),
+        }
+        match (input, returned) {
+            // The run completed and closed its unit.
+            (Input::RunOk { .. }, extra) => {
+                *slot = Slot::Done;
+                extra
+            }
+            (_, Some(unit)) => {
+                *slot = Slot::Here(unit);
+                None
+            }
+            (_, None) => {
+                *slot = Slot::Lost;
+                None
+            }
+        }
+    }
+
+    /// Takes unit `index` out of its slot for a start (`None` if it is not there).
+    fn take_out(&mut self, index: usize) -> Option<U> {
+        let slot = self.slots.get_mut(index)?;
+        match std::mem::replace(slot, Slot::Out) {
+            Slot::Here(unit) => Some(unit),
+            other => {
+                *slot = other;
+                None
+            }
+        }
+    }
+
+    /// Takes every unit of `range` still in its slot, to be closed.
+    fn take_for_close(&mut self, range: Range<usize>) -> Vec<U> {
+        let mut units = Vec::new();
+        for slot in self.slots.get_mut(range).into_iter().flatten() {
+            // A lost unit stays lost: there is nothing to close.
+            if matches!(slot, Slot::Here(_)) {
+                if let Slot::Here(unit) = std::mem::replace(slot, Slot::Done) {
+                    units.push(unit);
+                }
+            }
+        }
+        units
+    }
+}
+
+impl<K, C, U> State<K, C, U> {
     fn snapshot(&self) -> Snapshot {
         Snapshot {
             stage: self.stage,
@@ -600,7 +811,7 @@ impl<K, C> State<K, C> {
     }
 }
 
-impl<K: Clone, C> State<K, C> {
+impl<K: Clone, C, U> State<K, C, U> {
     fn current_cancel(&self, stage: Stage) -> K {
         match &self.cancel {
             Some(handle) => handle.clone(),
@@ -611,13 +822,13 @@ impl<K: Clone, C> State<K, C> {
 
 /// Future returned by [`Lifecycle::settled`].
 #[must_use = "futures do nothing unless polled"]
-pub struct Settled<'a, K, C> {
-    core: &'a Lifecycle<K, C>,
+pub struct Settled<'a, K, C, U> {
+    core: &'a Lifecycle<K, C, U>,
     settle: Settle,
     id: Option<u64>,
 }
 
-impl<K, C> fmt::Debug for Settled<'_, K, C> {
+impl<K, C, U> fmt::Debug for Settled<'_, K, C, U> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Settled")
             .field("settle", &self.settle)
@@ -625,12 +836,13 @@ impl<K, C> fmt::Debug for Settled<'_, K, C> {
     }
 }
 
-impl<K, C> Future for Settled<'_, K, C> {
+impl<K, C, U> Future for Settled<'_, K, C, U> {
     type Output = Stage;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Stage> {
         let this = self.get_mut();
-        let mut state: MutexGuard<'_, State<K, C>> = lock(&this.core.state);
+        let mut state: MutexGuard<'_, State<K, C, U>> = lock(&this.core.state);
+        // `reached` is the crate's own code: it may run under the lock.
         if let Some(stage) = this.settle.reached(state.stage, state.generation) {
             state.waiters.remove(this.id.take());
             return Poll::Ready(stage);
@@ -640,7 +852,7 @@ impl<K, C> Future for Settled<'_, K, C> {
     }
 }
 
-impl<K, C> Drop for Settled<'_, K, C> {
+impl<K, C, U> Drop for Settled<'_, K, C, U> {
     fn drop(&mut self) {
         if self.id.is_some() {
             lock(&self.core.state).waiters.remove(self.id.take());
@@ -650,19 +862,19 @@ impl<K, C> Drop for Settled<'_, K, C> {
 
 /// Future returned by [`Lifecycle::wait_until`].
 #[must_use = "futures do nothing unless polled"]
-pub struct WaitUntil<'a, K, C, P> {
-    core: &'a Lifecycle<K, C>,
+pub struct WaitUntil<'a, K, C, U, P> {
+    core: &'a Lifecycle<K, C, U>,
     predicate: P,
     id: Option<u64>,
 }
 
-impl<K, C, P> fmt::Debug for WaitUntil<'_, K, C, P> {
+impl<K, C, U, P> fmt::Debug for WaitUntil<'_, K, C, U, P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("WaitUntil").finish_non_exhaustive()
     }
 }
 
-impl<K, C, P> Future for WaitUntil<'_, K, C, P>
+impl<K, C, U, P> Future for WaitUntil<'_, K, C, U, P>
 where
     P: FnMut(&Snapshot) -> bool + Unpin,
 {
@@ -670,18 +882,23 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Snapshot> {
         let this = self.get_mut();
-        let mut state = lock(&this.core.state);
-        let snapshot = state.snapshot();
+        // Copy and register in one critical section: a change after the copy wakes
+        // this waiter (invariant 7), so judging the copy later loses nothing.
+        let snapshot = {
+            let mut state = lock(&this.core.state);
+            state.waiters.register(&mut this.id, cx.waker());
+            state.snapshot()
+        };
+        // Invariant 7: the predicate is user code; no lock of ours is held here.
         if (this.predicate)(&snapshot) {
-            state.waiters.remove(this.id.take());
+            lock(&this.core.state).waiters.remove(this.id.take());
             return Poll::Ready(snapshot);
         }
-        state.waiters.register(&mut this.id, cx.waker());
         Poll::Pending
     }
 }
 
-impl<K, C, P> Drop for WaitUntil<'_, K, C, P> {
+impl<K, C, U, P> Drop for WaitUntil<'_, K, C, U, P> {
     fn drop(&mut self) {
         if self.id.is_some() {
             lock(&self.core.state).waiters.remove(self.id.take());

@@ -18,6 +18,16 @@ impl CancelHandle for Flag {
     fn cancel(&self) {
         self.0.store(true, Ordering::SeqCst);
     }
+    fn abort(&self) {
+        self.cancel();
+    }
+    // These tests drive the core by hand and never await a signal.
+    fn cancelled(&self) -> impl Future<Output = ()> + Send + '_ {
+        std::future::pending()
+    }
+    fn aborted(&self) -> impl Future<Output = ()> + Send + '_ {
+        std::future::pending()
+    }
 }
 
 #[derive(Default)]
@@ -29,12 +39,12 @@ impl Wake for CountWakes {
     }
 }
 
-fn running() -> (Lifecycle<Flag>, Start<Flag, ()>) {
-    let core = Lifecycle::<Flag>::new(1, ());
+fn running() -> (Lifecycle<Flag>, Start<Flag, (), ()>) {
+    let core = Lifecycle::<Flag>::new(vec![()], ());
     let applied = core.command(Command::Resume).unwrap();
     let prepare = applied.start.unwrap();
     assert_eq!(prepare.kind, StartKind::Prepare);
-    let applied = core.report_prepared(prepare.generation, Exit::Ok);
+    let applied = core.report_prepared(prepare.generation, Exit::Ok, prepare.held);
     let launch = applied.start.unwrap();
     assert_eq!(launch.kind, StartKind::Launch);
     assert_eq!(core.stage(), Stage::Running);
@@ -78,7 +88,7 @@ fn a_dropped_wait_unregisters_its_waker() {
         );
     }
     assert_eq!(lock(&core.state).waiters.len(), 0, "drop unregisters");
-    let _ = core.report_exit(generation, Exit::Cancelled);
+    let _ = core.report_exit(generation, Exit::Cancelled, Some(()));
     assert_eq!(wakes.0.load(Ordering::SeqCst), 0);
     assert_eq!(core.stage(), Stage::Paused);
 }
@@ -89,7 +99,7 @@ fn a_waiting_pause_is_woken_by_the_exit() {
     let mut cx = Context::from_waker(&waker);
     let mut settled = pin!(core.settled(Settle::new(Command::Pause, generation)));
     assert_eq!(settled.as_mut().poll(&mut cx), Poll::Pending);
-    let _ = core.report_exit(generation, Exit::Cancelled);
+    let _ = core.report_exit(generation, Exit::Cancelled, Some(()));
     assert_eq!(wakes.0.load(Ordering::SeqCst), 1);
     assert_eq!(settled.as_mut().poll(&mut cx), Poll::Ready(Stage::Paused));
 }
@@ -98,13 +108,17 @@ fn a_waiting_pause_is_woken_by_the_exit() {
 fn a_stale_report_changes_nothing() {
     let (core, launch) = running();
     let _ = core.command(Command::Pause).unwrap();
-    let _ = core.report_exit(launch.generation, Exit::Cancelled);
+    let _ = core.report_exit(launch.generation, Exit::Cancelled, Some(()));
     let applied = core.command(Command::Resume).unwrap();
     let prepare = applied.start.unwrap();
-    let _ = core.report_prepared(prepare.generation, Exit::Ok);
+    let _ = core.report_prepared(prepare.generation, Exit::Ok, Some(()));
     let before = core.snapshot();
     assert_eq!((before.stage, before.generation), (Stage::Running, 2));
-    let applied = core.report_exit(launch.generation, Exit::Failed(RunError::msg("late")));
+    let applied = core.report_exit(
+        launch.generation,
+        Exit::Failed(RunError::msg("late")),
+        Some(()),
+    );
     assert!(applied.transition.is_none());
     let after = core.snapshot();
     assert_eq!(
@@ -128,7 +142,7 @@ fn a_refused_command_changes_nothing() {
 
 #[test]
 fn update_replaces_the_config_only_when_accepted() {
-    let core = Lifecycle::<Flag, u8>::new(1, 1);
+    let core = Lifecycle::<Flag, u8>::new(vec![()], 1);
     let _ = core.update(2).unwrap();
     assert_eq!(*core.config(), 2);
     let applied = core.command(Command::Resume).unwrap();
@@ -148,10 +162,74 @@ fn a_blocking_pause_returns_once_the_run_reports() {
             while !launch.cancel.0.load(Ordering::SeqCst) {
                 std::thread::yield_now();
             }
-            let _ = core.report_exit(launch.generation, Exit::Cancelled);
+            let _ = core.report_exit(launch.generation, Exit::Cancelled, Some(()));
         })
     };
     assert_eq!(core.pause_blocking().unwrap(), Stage::Paused);
     run.join().unwrap();
     assert!(core.snapshot().user_paused);
+}
+
+#[test]
+fn a_unit_handed_back_in_a_report_is_in_its_slot_at_the_rest_stage() {
+    let core = Lifecycle::<Flag, (), &'static str>::new(vec!["dump"], ());
+    let prepare = core.command(Command::Resume).unwrap().start.unwrap();
+    assert_eq!(prepare.held, Some("dump"), "a start carries its unit");
+    let launch = core
+        .report_prepared(prepare.generation, Exit::Ok, prepare.held)
+        .start
+        .unwrap();
+    let _ = core.command(Command::Pause).unwrap();
+    let applied = core.report_exit(launch.generation, Exit::Cancelled, launch.held);
+    assert_eq!(applied.stage(), Some(Stage::Paused));
+    assert!(applied.orphan.is_none());
+    // The very next start finds the unit: it went back with the report.
+    let again = core.command(Command::Resume).unwrap().start.unwrap();
+    assert_eq!(again.held, Some("dump"));
+}
+
+#[test]
+fn stopped_waits_for_the_report_that_every_unit_is_closed() {
+    let core = Lifecycle::<Flag, (), u8>::new(vec![1, 2, 3], ());
+    let applied = core.command(Command::Stop).unwrap();
+    assert_eq!(applied.stage(), Some(Stage::Stopping));
+    assert_eq!(
+        applied.close,
+        Some(vec![1, 2, 3]),
+        "the units to close leave their slots"
+    );
+    assert_eq!(
+        core.stage(),
+        Stage::Stopping,
+        "not Stopped before the closes"
+    );
+    let generation = applied.transition.unwrap().generation;
+    let closed = core.report_closed(generation);
+    assert_eq!(closed.stage(), Some(Stage::Stopped));
+    // A second report changes nothing.
+    assert!(core.report_closed(generation).transition.is_none());
+}
+
+#[test]
+fn a_stale_report_hands_its_unit_back_as_an_orphan() {
+    let (core, launch) = running();
+    let applied = core.report_exit(launch.generation + 1, Exit::Cancelled, Some(()));
+    assert!(applied.transition.is_none());
+    assert_eq!(applied.orphan, Some(()));
+    assert_eq!(core.stage(), Stage::Running);
+}
+
+#[test]
+fn an_abort_reaches_the_current_generation_only() {
+    let (core, launch) = running();
+    assert!(
+        !core.abort(launch.generation + 1),
+        "another generation's abort is dropped"
+    );
+    assert!(!launch.cancel.0.load(Ordering::SeqCst));
+    assert!(core.abort(launch.generation));
+    assert!(
+        launch.cancel.0.load(Ordering::SeqCst),
+        "the signal made with the generation fires"
+    );
 }

@@ -22,6 +22,12 @@ impl Waiters {
         });
         match self.list.iter_mut().find(|(k, _)| *k == key) {
             Some((_, stored)) => {
+                #[cfg(taskstage_loom)]
+                if super::prefix::on(super::prefix::Defect::StaleWaker) {
+                    return;
+                }
+                // A future polled again may have moved to another task: the newest
+                // waker is the one to wake.
                 if !stored.will_wake(waker) {
                     stored.clone_from(waker);
                 }

@@ -4,10 +4,10 @@ use std::fmt;
 use std::time::Duration;
 
 use super::handle::{Handle, DEFAULT_PAUSE_TIMEOUT, DEFAULT_STOP_GRACE};
-use super::shared::Shared;
+use super::shared::new_task;
 use super::unit::{DynUnit, Unit};
 use crate::error::BuildError;
-use crate::lifecycle::Lifecycle;
+use crate::lifecycle::driver::Driver;
 use crate::stage::Command;
 use crate::sync::Arc;
 
@@ -90,12 +90,9 @@ impl<C: Send + Sync + 'static> TaskBuilder<C> {
     /// [`BuildError::NoRuntime`] outside a tokio runtime.
     pub fn spawn(self) -> Result<Handle<C>, BuildError> {
         let handle = self.spawn_paused()?;
-        let shared = handle.shared();
         // A task in New always accepts resume (see the table), so there is no error
         // to report here.
-        if let Ok(applied) = shared.core.command(Command::Resume) {
-            shared.carry_out(applied);
-        }
+        let _ = Driver::command(handle.shared(), Command::Resume);
         Ok(handle)
     }
 
@@ -110,8 +107,7 @@ impl<C: Send + Sync + 'static> TaskBuilder<C> {
             return Err(BuildError::EmptyPipeline);
         }
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| BuildError::NoRuntime)?;
-        let core = Lifecycle::new(self.units.len(), self.config);
-        let shared = Arc::new(Shared::new(core, self.name, self.units, runtime));
+        let shared = Arc::new(new_task(self.name, self.units, self.config, runtime));
         Ok(Handle::new(shared, self.pause_timeout, self.stop_grace))
     }
 }

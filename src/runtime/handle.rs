@@ -9,7 +9,8 @@ use super::shared::Shared;
 use super::unit::Progress;
 use super::StageEvent;
 use crate::error::Error;
-use crate::lifecycle::{Settle, Snapshot};
+use crate::lifecycle::driver::Driver;
+use crate::lifecycle::Snapshot;
 use crate::outcome::Outcome;
 use crate::stage::{Command, Stage};
 use crate::sync::{Arc, Weak};
@@ -117,7 +118,7 @@ impl<C: Send + Sync + 'static> Clone for Handle<C> {
 impl<C: Send + Sync + 'static> fmt::Debug for Handle<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Handle")
-            .field("name", &self.shared.name)
+            .field("name", &self.shared.runtime().name)
             .field("stage", &self.stage())
             .finish_non_exhaustive()
     }
@@ -144,6 +145,13 @@ pub struct TaskSnapshot {
     pub progress: Progress,
     /// How many inputs the lifecycle has accepted.
     pub seq: u64,
+}
+
+impl TaskSnapshot {
+    /// The current unit's index, or `None` once every unit completed.
+    pub fn unit_index(&self) -> Option<usize> {
+        self.unit.as_ref().map(|(index, _)| *index)
+    }
 }
 
 impl<C: Send + Sync + 'static> Handle<C> {
@@ -181,23 +189,23 @@ impl<C: Send + Sync + 'static> Handle<C> {
 
     /// The task's name.
     pub fn name(&self) -> &str {
-        &self.shared().name
+        &self.shared().runtime().name
     }
 
     /// The stage, read without taking a lock.
     #[inline]
     pub fn stage(&self) -> Stage {
-        self.shared().core.stage()
+        self.shared().core().stage()
     }
 
     /// The whole state, taken consistently.
     pub fn snapshot(&self) -> TaskSnapshot {
-        let core = self.shared().core.snapshot();
+        let core = self.shared().core().snapshot();
         self.decorate(core)
     }
 
     fn decorate(&self, core: Snapshot) -> TaskSnapshot {
-        let shared = self.shared();
+        let shared = self.shared().runtime();
         TaskSnapshot {
             name: shared.name.clone(),
             stage: core.stage,
@@ -218,7 +226,7 @@ impl<C: Send + Sync + 'static> Handle<C> {
 
     /// The configuration in force.
     pub fn config(&self) -> Arc<C> {
-        self.shared().core.config()
+        self.shared().core().config()
     }
 
     /// A receiver of the task's latest stage change.
@@ -227,20 +235,62 @@ impl<C: Send + Sync + 'static> Handle<C> {
     /// skip intermediate stages, never see them out of order. [`StageEvent::seq`]
     /// counts every change.
     pub fn subscribe(&self) -> watch::Receiver<StageEvent> {
-        self.shared().subscribe()
+        self.shared().runtime().subscribe()
     }
 
     /// Waits until `predicate` holds for the task's state, and returns that state.
     ///
+    /// The predicate sees the same [`TaskSnapshot`] this returns. It runs on a copy of
+    /// the state with no lock of the task held, so it may call back into the task
+    /// (read a snapshot, issue a command). It is called again after every change,
+    /// and may be called when nothing it reads changed.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use taskstage::{RunContext, RunError, RunExit, Stage, Task, Unit};
+    /// # struct Wait;
+    /// # impl Unit for Wait {
+    /// #     async fn run(&mut self, ctx: RunContext) -> Result<RunExit, RunError> {
+    /// #         ctx.cancelled().await;
+    /// #         Ok(RunExit::Cancelled)
+    /// #     }
+    /// # }
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), taskstage::Error> {
+    /// let handle = Task::builder("copy").unit(Wait).spawn().unwrap();
+    /// let running = handle
+    ///     .wait_for(|s| s.stage == Stage::Running && s.unit_index() == Some(0))
+    ///     .await;
+    /// assert_eq!(running.generation, 1);
+    /// # handle.stop().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
     /// # Cancel safety
     ///
     /// Cancel safe: dropping the future changes nothing.
-    pub async fn wait_for<P>(&self, predicate: P) -> TaskSnapshot
+    pub async fn wait_for<P>(&self, mut predicate: P) -> TaskSnapshot
     where
-        P: FnMut(&Snapshot) -> bool + Unpin,
+        P: FnMut(&TaskSnapshot) -> bool,
     {
-        let core = self.shared().core.wait_until(predicate).await;
-        self.decorate(core)
+        let mut ready = None;
+        self.shared()
+            .core()
+            .wait_until(|core: &Snapshot| {
+                let snapshot = self.decorate(core.clone());
+                let holds = predicate(&snapshot);
+                if holds {
+                    ready = Some(snapshot);
+                }
+                holds
+            })
+            .await;
+        match ready {
+            Some(snapshot) => snapshot,
+            None => unreachable!("wait_until returns only once the predicate held"),
+        }
     }
 
     /// Waits until the stage satisfies `predicate`, and returns the state then.
@@ -250,9 +300,15 @@ impl<C: Send + Sync + 'static> Handle<C> {
     /// Cancel safe: dropping the future changes nothing.
     pub async fn wait_for_stage<P>(&self, mut predicate: P) -> TaskSnapshot
     where
-        P: FnMut(Stage) -> bool + Unpin,
+        P: FnMut(Stage) -> bool,
     {
-        self.wait_for(move |s: &Snapshot| predicate(s.stage)).await
+        // The stage alone needs no names or progress: decorate only the result.
+        let core = self
+            .shared()
+            .core()
+            .wait_until(|s: &Snapshot| predicate(s.stage))
+            .await;
+        self.decorate(core)
     }
 
     /// Pauses the task, waiting up to the task's pause timeout (30 s by default) for
@@ -305,8 +361,7 @@ impl<C: Send + Sync + 'static> Handle<C> {
     ///
     /// Cancel safe: the command is complete at the first poll.
     pub async fn resume(&self) -> Result<(), Error> {
-        let applied = self.shared().core.command(Command::Resume)?;
-        self.shared().carry_out(applied);
+        Driver::command(self.shared(), Command::Resume)?;
         Ok(())
     }
 
@@ -327,11 +382,7 @@ impl<C: Send + Sync + 'static> Handle<C> {
     ///
     /// Cancel safe: the command is complete at the first poll.
     pub async fn resume_if_unchanged(&self, seq: u64) -> Result<(), Error> {
-        let applied = self
-            .shared()
-            .core
-            .command_if_unchanged(Command::Resume, seq)?;
-        self.shared().carry_out(applied);
+        Driver::command_if_unchanged(self.shared(), Command::Resume, seq)?;
         Ok(())
     }
 
@@ -367,35 +418,26 @@ impl<C: Send + Sync + 'static> Handle<C> {
     /// future; only the escalation to abort needs it to be polled past `grace`.
     pub async fn stop_within(&self, grace: Duration) -> Result<Stage, Error> {
         let shared = self.shared();
-        let applied = shared.core.command(Command::Stop)?;
-        let generation = applied.transition.map(|t| t.generation).unwrap_or_default();
-        shared.carry_out(applied);
-        let settle = Settle::new(Command::Stop, generation);
-        let stage = match tokio::time::timeout(grace, shared.core.settled(settle)).await {
-            Ok(stage) => stage,
+        let settle = Driver::command(shared, Command::Stop)?;
+        // Stopped is published only once every unit's close has returned
+        // (invariant 9), so settling is all there is to wait for.
+        match tokio::time::timeout(grace, shared.core().settled(settle)).await {
+            Ok(stage) => Ok(stage),
             Err(_) => {
                 // Invariant 8: escalate, and still report Stopped only when the
-                // aborted future is gone (its exit guard reports it).
-                tracing::warn!(parent: &shared.span, ?grace, "run ignored cancellation; aborting");
-                shared.abort_generation(generation);
-                match tokio::time::timeout(grace, shared.core.settled(settle)).await {
-                    Ok(stage) => stage,
-                    Err(_) => {
-                        return Err(Error::Timeout {
-                            command: Command::Stop,
-                            stage: self.stage(),
-                            waited: grace.saturating_mul(2),
-                        })
-                    }
+                // aborted future is gone and the units are closed.
+                tracing::warn!(parent: &shared.runtime().span, ?grace, "run ignored cancellation; aborting");
+                shared.abort(settle.generation());
+                match tokio::time::timeout(grace, shared.core().settled(settle)).await {
+                    Ok(stage) => Ok(stage),
+                    Err(_) => Err(Error::Timeout {
+                        command: Command::Stop,
+                        stage: self.stage(),
+                        waited: grace.saturating_mul(2),
+                    }),
                 }
             }
-        };
-        if stage == Stage::Stopped {
-            // The party that published Stopped closes the units right after; wait for
-            // it, so that a returned stop means closed units.
-            shared.units_closed().await;
         }
-        Ok(stage)
     }
 
     /// Replaces the task's configuration. Units apply it before their next check or
@@ -410,21 +452,16 @@ impl<C: Send + Sync + 'static> Handle<C> {
     ///
     /// Cancel safe: the command is complete at the first poll.
     pub async fn update(&self, config: C) -> Result<(), Error> {
-        let applied = self.shared().core.update(config)?;
-        self.shared().carry_out(applied);
-        Ok(())
+        Driver::update(self.shared(), config)
     }
 
     async fn command_and_wait(&self, command: Command, timeout: Duration) -> Result<Stage, Error> {
         let shared = self.shared();
-        let applied = shared.core.command(command)?;
-        let generation = applied.transition.map(|t| t.generation).unwrap_or_default();
-        shared.carry_out(applied);
-        let settle = Settle::new(command, generation);
-        match tokio::time::timeout(timeout, shared.core.settled(settle)).await {
+        let settle = Driver::command(shared, command)?;
+        match tokio::time::timeout(timeout, shared.core().settled(settle)).await {
             Ok(stage) => Ok(stage),
             Err(_) => {
-                let snapshot = shared.core.snapshot();
+                let snapshot = shared.core().snapshot();
                 match settle.reached(snapshot.stage, snapshot.generation) {
                     Some(stage) => Ok(stage),
                     None => Err(Error::Timeout {
@@ -441,26 +478,23 @@ impl<C: Send + Sync + 'static> Handle<C> {
 impl<C: Send + Sync + 'static> Drop for Owner<C> {
     fn drop(&mut self) {
         let shared = &self.shared;
-        if shared.core.stage().is_terminal() {
+        if shared.core().stage().is_terminal() {
             return;
         }
-        let Ok(applied) = shared.core.command(Command::Stop) else {
+        let Ok(settle) = Driver::command(shared, Command::Stop) else {
             return;
         };
-        let generation = applied.transition.map(|t| t.generation).unwrap_or_default();
-        shared.carry_out(applied);
-        if shared.core.stage() == Stage::Stopping {
+        if shared.core().stage() == Stage::Stopping {
             // Nobody is left to wait for the stop: abort the run if it ignores the
             // cancellation for longer than the grace period.
             let reaper = Arc::clone(shared);
             let grace = self.stop_grace;
-            shared.spawn_detached(async move {
-                let settle = Settle::new(Command::Stop, generation);
-                if tokio::time::timeout(grace, reaper.core.settled(settle))
+            shared.runtime().spawn_detached(async move {
+                if tokio::time::timeout(grace, reaper.core().settled(settle))
                     .await
                     .is_err()
                 {
-                    reaper.abort_generation(generation);
+                    reaper.abort(settle.generation());
                 }
             });
         }

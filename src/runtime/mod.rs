@@ -8,7 +8,6 @@
 //! held across an `.await` or across user code.
 
 mod builder;
-mod catch;
 mod handle;
 mod shared;
 mod unit;

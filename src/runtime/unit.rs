@@ -2,7 +2,6 @@
 
 use std::fmt;
 use std::future::Future;
-use std::pin::Pin;
 
 use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
@@ -214,7 +213,7 @@ pub trait Unit<C = ()>: Send + 'static {
     fn close(&mut self) {}
 }
 
-pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+pub(crate) use crate::lifecycle::driver::BoxFuture;
 
 /// The object-safe form of [`Unit`], so a pipeline can hold units of different types.
 pub(crate) trait DynUnit<C>: Send {

@@ -196,9 +196,13 @@ impl Model {
             (Cmd::Resume, Finished) => Err(Refusal::Finished),
 
             // stop
+            // → Stopping while the units close, then → Stopped on the closes' report:
+            // two accepted inputs, which a driver carries out before the command
+            // returns.
             (Cmd::Stop, New | Paused) => {
                 self.close_remaining();
                 self.stage = Stopped;
+                self.seq += 1;
                 Ok(())
             }
             (Cmd::Stop, Running | Resuming) => {
@@ -348,8 +352,10 @@ impl Model {
                     (Kind::Prep, Exit::Ok) | (_, Exit::Cancelled) => Outcome::Cancelled,
                     (_, Exit::Failed(failure)) => failed(failure),
                 });
+                // Stopping lasts until the closes' report: one more accepted input.
                 self.close_remaining();
                 self.stage = Stopped;
+                self.seq += 1;
             }
             (kind, stage, exit) => {
                 panic!("model: {kind:?} exit {exit:?} with something alive in {stage}")

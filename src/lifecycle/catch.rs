@@ -6,7 +6,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use super::unit::BoxFuture;
+use super::driver::BoxFuture;
 
 /// Polls a boxed future, catching a panic in any poll.
 ///
