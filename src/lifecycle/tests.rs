@@ -105,6 +105,58 @@ fn a_waiting_pause_is_woken_by_the_exit() {
 }
 
 #[test]
+fn a_waiter_polled_again_with_another_waker_is_woken_through_the_new_one() {
+    let (core, generation, first_wakes, first) = pausing();
+    let second_wakes = StdArc::new(CountWakes::default());
+    let second = Waker::from(StdArc::clone(&second_wakes));
+    let mut settled = pin!(core.settled(Settle::new(Command::Pause, generation)));
+    assert_eq!(
+        settled.as_mut().poll(&mut Context::from_waker(&first)),
+        Poll::Pending
+    );
+    // The future moved to another task: the newest waker is the one that counts.
+    assert_eq!(
+        settled.as_mut().poll(&mut Context::from_waker(&second)),
+        Poll::Pending
+    );
+    let _ = core.report_exit(generation, Exit::Cancelled, Some(()));
+    assert_eq!(
+        second_wakes.0.load(Ordering::SeqCst),
+        1,
+        "the new waker was not woken"
+    );
+    assert_eq!(
+        first_wakes.0.load(Ordering::SeqCst),
+        0,
+        "the old waker was woken instead"
+    );
+}
+
+#[test]
+fn a_wait_until_predicate_runs_with_no_lock_held() {
+    let core = StdArc::new(Lifecycle::<Flag>::new(vec![()], ()));
+    let inner = StdArc::clone(&core);
+    let calls = AtomicUsize::new(0);
+    // The predicate takes the core's lock itself: under the lock this would deadlock.
+    let mut waiting = pin!(core.wait_until(|s| {
+        calls.fetch_add(1, Ordering::SeqCst);
+        inner.snapshot().seq == s.seq && s.stage == Stage::Resuming
+    }));
+    let waker = Waker::from(StdArc::new(CountWakes::default()));
+    assert!(waiting
+        .as_mut()
+        .poll(&mut Context::from_waker(&waker))
+        .is_pending());
+    let _ = core.command(Command::Resume).unwrap();
+    match waiting.as_mut().poll(&mut Context::from_waker(&waker)) {
+        Poll::Ready(snapshot) => assert_eq!(snapshot.stage, Stage::Resuming),
+        Poll::Pending => panic!("the predicate held, but the wait did not end"),
+    }
+    drop(waiting);
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+#[test]
 fn a_stale_report_changes_nothing() {
     let (core, launch) = running();
     let _ = core.command(Command::Pause).unwrap();
