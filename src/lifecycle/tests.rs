@@ -152,7 +152,6 @@ fn a_wait_until_predicate_runs_with_no_lock_held() {
         Poll::Ready(snapshot) => assert_eq!(snapshot.stage, Stage::Resuming),
         Poll::Pending => panic!("the predicate held, but the wait did not end"),
     }
-    drop(waiting);
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
 
