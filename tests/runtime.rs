@@ -374,7 +374,11 @@ on_both_runtimes! {
             seen.insert((unit, snap.generation));
             assert_eq!(live.max(), 1);
         }
-        assert!(!seen.is_empty());
+        // The race must really have been run both ways, or the rounds above proved
+        // one order only. The run sees its order and its cancellation ready at once,
+        // and `tokio::select!` picks a ready branch at random, so 30 rounds that all
+        // go one way have odds of 2^-29.
+        assert!(seen.len() >= 2, "the pause met the completion only one way: {seen:?}");
     }
 }
 
