@@ -384,37 +384,44 @@ on_both_runtimes! {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pause_and_resume_hammered_from_many_tasks_never_see_two_live_runs() {
-    let live = Live::new();
-    let (unit, _remote) = scripted("u", &live);
-    let handle = Task::builder("t").unit(unit).spawn().unwrap();
-    let mut hammers = Vec::new();
-    for worker in 0..4 {
-        let handle = handle.clone();
-        hammers.push(tokio::spawn(async move {
-            let mut accepted = 0;
-            for i in 0..200 {
-                let result = if (i + worker) % 2 == 0 {
-                    handle.pause().await.map(|_| ())
-                } else {
-                    handle.resume().await
-                };
-                match result {
-                    Ok(()) => accepted += 1,
-                    Err(Error::Refused { .. }) => {}
-                    Err(other) => panic!("unexpected error: {other}"),
-                }
+    support::within(
+        "pause_and_resume_hammered_from_many_tasks_never_see_two_live_runs",
+        support::REAL_BOUND,
+        async move {
+            let live = Live::new();
+            let (unit, _remote) = scripted("u", &live);
+            let handle = Task::builder("t").unit(unit).spawn().unwrap();
+            let mut hammers = Vec::new();
+            for worker in 0..4 {
+                let handle = handle.clone();
+                hammers.push(tokio::spawn(async move {
+                    let mut accepted = 0;
+                    for i in 0..200 {
+                        let result = if (i + worker) % 2 == 0 {
+                            handle.pause().await.map(|_| ())
+                        } else {
+                            handle.resume().await
+                        };
+                        match result {
+                            Ok(()) => accepted += 1,
+                            Err(Error::Refused { .. }) => {}
+                            Err(other) => panic!("unexpected error: {other}"),
+                        }
+                    }
+                    accepted
+                }));
             }
-            accepted
-        }));
-    }
-    let mut accepted = 0;
-    for hammer in hammers {
-        accepted += hammer.await.unwrap();
-    }
-    assert!(accepted > 0);
-    assert!(live.max() <= 1, "two runs were alive at once");
-    handle.stop().await.unwrap();
-    assert_eq!(live.now(), 0);
+            let mut accepted = 0;
+            for hammer in hammers {
+                accepted += hammer.await.unwrap();
+            }
+            assert!(accepted > 0);
+            assert!(live.max() <= 1, "two runs were alive at once");
+            handle.stop().await.unwrap();
+            assert_eq!(live.now(), 0);
+        },
+    )
+    .await
 }
 
 // ---------------------------------------------------------------- faults
@@ -458,23 +465,30 @@ on_both_runtimes! {
 
 #[tokio::test(start_paused = true)]
 async fn dropping_the_last_handle_aborts_a_unit_that_ignores_cancellation() {
-    let live = Live::new();
-    let (mut unit, _remote) = scripted("stubborn", &live);
-    unit.ignore_cancel = true;
-    let handle = Task::builder("t")
-        .unit(unit)
-        .stop_grace(Duration::from_secs(5))
-        .spawn()
-        .unwrap();
-    live.wait(|now, _| now == 1).await;
-    let mut events = handle.subscribe();
-    drop(handle);
-    // The paused clock jumps to the grace deadline once everything is idle.
-    live.wait(|now, _| now == 0).await;
-    events
-        .wait_for(|e| e.stage == Stage::Stopped)
-        .await
-        .unwrap();
+    support::within(
+        "dropping_the_last_handle_aborts_a_unit_that_ignores_cancellation",
+        support::PAUSED_BOUND,
+        async move {
+            let live = Live::new();
+            let (mut unit, _remote) = scripted("stubborn", &live);
+            unit.ignore_cancel = true;
+            let handle = Task::builder("t")
+                .unit(unit)
+                .stop_grace(Duration::from_secs(5))
+                .spawn()
+                .unwrap();
+            live.wait(|now, _| now == 1).await;
+            let mut events = handle.subscribe();
+            drop(handle);
+            // The paused clock jumps to the grace deadline once everything is idle.
+            live.wait(|now, _| now == 0).await;
+            events
+                .wait_for(|e| e.stage == Stage::Stopped)
+                .await
+                .unwrap();
+        },
+    )
+    .await
 }
 
 #[test]
@@ -517,69 +531,90 @@ fn shutting_the_runtime_down_never_hangs_and_drops_every_run() {
 
 #[tokio::test(start_paused = true)]
 async fn pause_of_a_unit_that_ignores_cancellation_times_out_and_stays_pausing() {
-    let live = Live::new();
-    let (mut unit, remote) = scripted("stubborn", &live);
-    unit.ignore_cancel = true;
-    let handle = Task::builder("t").unit(unit).spawn().unwrap();
-    handle.wait_for_stage(|s| s == Stage::Running).await;
-    let err = handle
-        .pause_within(Duration::from_secs(3))
-        .await
-        .unwrap_err();
-    assert_eq!(
-        err,
-        Error::Timeout {
-            command: Command::Pause,
-            stage: Stage::Pausing,
-            waited: Duration::from_secs(3)
-        }
-    );
-    assert_eq!(
-        handle.stage(),
-        Stage::Pausing,
-        "the stage does not claim a rest"
-    );
-    assert_eq!(live.now(), 1);
-    // A resume is still refused: the run has not returned.
-    assert_eq!(handle.resume().await.unwrap_err().stage(), Stage::Pausing);
-    // When the unit finally returns, a second pause sees it through.
-    remote.order(Order::Fail("gave up"));
-    assert_eq!(handle.pause().await.unwrap(), Stage::Paused);
-    assert!(handle.snapshot().user_paused);
-    assert_eq!(live.now(), 0);
+    support::within(
+        "pause_of_a_unit_that_ignores_cancellation_times_out_and_stays_pausing",
+        support::PAUSED_BOUND,
+        async move {
+            let live = Live::new();
+            let (mut unit, remote) = scripted("stubborn", &live);
+            unit.ignore_cancel = true;
+            let handle = Task::builder("t").unit(unit).spawn().unwrap();
+            handle.wait_for_stage(|s| s == Stage::Running).await;
+            let err = handle
+                .pause_within(Duration::from_secs(3))
+                .await
+                .unwrap_err();
+            assert_eq!(
+                err,
+                Error::Timeout {
+                    command: Command::Pause,
+                    stage: Stage::Pausing,
+                    waited: Duration::from_secs(3)
+                }
+            );
+            assert_eq!(
+                handle.stage(),
+                Stage::Pausing,
+                "the stage does not claim a rest"
+            );
+            assert_eq!(live.now(), 1);
+            // A resume is still refused: the run has not returned.
+            assert_eq!(handle.resume().await.unwrap_err().stage(), Stage::Pausing);
+            // When the unit finally returns, a second pause sees it through.
+            remote.order(Order::Fail("gave up"));
+            assert_eq!(handle.pause().await.unwrap(), Stage::Paused);
+            assert!(handle.snapshot().user_paused);
+            assert_eq!(live.now(), 0);
+        },
+    )
+    .await
 }
 
 #[tokio::test(start_paused = true)]
 async fn stop_aborts_a_unit_that_ignores_cancellation_and_reports_stopped_once_it_is_gone() {
-    let live = Live::new();
-    let (mut unit, remote) = scripted("stubborn", &live);
-    unit.ignore_cancel = true;
-    let handle = Task::builder("t").unit(unit).spawn().unwrap();
-    live.wait(|now, _| now == 1).await;
-    let start = tokio::time::Instant::now();
-    let reached = handle.stop_within(Duration::from_secs(2)).await.unwrap();
-    assert_eq!(reached, Stage::Stopped);
-    assert_eq!(live.now(), 0, "Stopped while the aborted run is alive");
-    assert!(
-        start.elapsed() >= Duration::from_secs(2),
-        "aborted before the grace period"
-    );
-    let snap = handle.snapshot();
-    assert!(matches!(snap.outcome, Some(Outcome::Cancelled)));
-    // The aborted run's future was dropped; its unit was kept and closed by the stop.
-    assert_eq!(remote.closed(), 1);
+    support::within(
+        "stop_aborts_a_unit_that_ignores_cancellation_and_reports_stopped_once_it_is_gone",
+        support::PAUSED_BOUND,
+        async move {
+            let live = Live::new();
+            let (mut unit, remote) = scripted("stubborn", &live);
+            unit.ignore_cancel = true;
+            let handle = Task::builder("t").unit(unit).spawn().unwrap();
+            live.wait(|now, _| now == 1).await;
+            let start = tokio::time::Instant::now();
+            let reached = handle.stop_within(Duration::from_secs(2)).await.unwrap();
+            assert_eq!(reached, Stage::Stopped);
+            assert_eq!(live.now(), 0, "Stopped while the aborted run is alive");
+            assert!(
+                start.elapsed() >= Duration::from_secs(2),
+                "aborted before the grace period"
+            );
+            let snap = handle.snapshot();
+            assert!(matches!(snap.outcome, Some(Outcome::Cancelled)));
+            // The aborted run's future was dropped; its unit was kept and closed by the stop.
+            assert_eq!(remote.closed(), 1);
+        },
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stop_aborts_a_stubborn_unit_on_the_multi_thread_runtime() {
-    let live = Live::new();
-    let (mut unit, _remote) = scripted("stubborn", &live);
-    unit.ignore_cancel = true;
-    let handle = Task::builder("t").unit(unit).spawn().unwrap();
-    live.wait(|now, _| now == 1).await;
-    let reached = handle.stop_within(Duration::from_millis(20)).await.unwrap();
-    assert_eq!(reached, Stage::Stopped);
-    assert_eq!(live.now(), 0);
+    support::within(
+        "stop_aborts_a_stubborn_unit_on_the_multi_thread_runtime",
+        support::REAL_BOUND,
+        async move {
+            let live = Live::new();
+            let (mut unit, _remote) = scripted("stubborn", &live);
+            unit.ignore_cancel = true;
+            let handle = Task::builder("t").unit(unit).spawn().unwrap();
+            live.wait(|now, _| now == 1).await;
+            let reached = handle.stop_within(Duration::from_millis(20)).await.unwrap();
+            assert_eq!(reached, Stage::Stopped);
+            assert_eq!(live.now(), 0);
+        },
+    )
+    .await
 }
 
 on_both_runtimes! {

@@ -252,37 +252,44 @@ on_both_runtimes! {
 /// `close()` is slow; the stop of the paused task must not return before that close.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stop_after_a_pause_that_completed_a_unit_waits_for_its_slow_close() {
-    let closed = Arc::new(AtomicUsize::new(0));
-    // The first unit completes when cancelled: it has just finished its last row.
-    struct CompletesOnCancel(Arc<AtomicUsize>);
-    impl Unit for CompletesOnCancel {
-        async fn run(&mut self, ctx: RunContext) -> Result<RunExit, RunError> {
-            ctx.cancelled().await;
-            Ok(RunExit::Completed)
-        }
-        fn close(&mut self) {
-            std::thread::sleep(Duration::from_millis(150));
-            self.0.fetch_add(1, Ordering::SeqCst);
-        }
-    }
-    let handle = Task::builder("t")
-        .unit(CompletesOnCancel(Arc::clone(&closed)))
-        .unit(closes(&closed, false, Duration::ZERO))
-        .spawn()
-        .unwrap();
-    eventually(&handle, "Running", |s| s == Stage::Running).await;
-    let paused = handle.pause().await.unwrap();
-    assert_eq!(paused, Stage::Paused);
-    assert!(matches!(
-        handle.snapshot().outcome,
-        Some(Outcome::Completed)
-    ));
-    assert_eq!(handle.stop().await.unwrap(), Stage::Stopped);
-    assert_eq!(
-        closed.load(Ordering::SeqCst),
-        2,
-        "stop returned while a close was still running"
-    );
+    support::within(
+        "stop_after_a_pause_that_completed_a_unit_waits_for_its_slow_close",
+        support::REAL_BOUND,
+        async move {
+            let closed = Arc::new(AtomicUsize::new(0));
+            // The first unit completes when cancelled: it has just finished its last row.
+            struct CompletesOnCancel(Arc<AtomicUsize>);
+            impl Unit for CompletesOnCancel {
+                async fn run(&mut self, ctx: RunContext) -> Result<RunExit, RunError> {
+                    ctx.cancelled().await;
+                    Ok(RunExit::Completed)
+                }
+                fn close(&mut self) {
+                    std::thread::sleep(Duration::from_millis(150));
+                    self.0.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+            let handle = Task::builder("t")
+                .unit(CompletesOnCancel(Arc::clone(&closed)))
+                .unit(closes(&closed, false, Duration::ZERO))
+                .spawn()
+                .unwrap();
+            eventually(&handle, "Running", |s| s == Stage::Running).await;
+            let paused = handle.pause().await.unwrap();
+            assert_eq!(paused, Stage::Paused);
+            assert!(matches!(
+                handle.snapshot().outcome,
+                Some(Outcome::Completed)
+            ));
+            assert_eq!(handle.stop().await.unwrap(), Stage::Stopped);
+            assert_eq!(
+                closed.load(Ordering::SeqCst),
+                2,
+                "stop returned while a close was still running"
+            );
+        },
+    )
+    .await
 }
 
 // ------------------------------------------------- no user code under our lock

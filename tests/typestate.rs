@@ -183,6 +183,16 @@ fn gate() -> Arc<Notify> {
 
 // ------------------------------------------------------------------ helpers
 
+/// Fails the test, naming it, if its body has not finished within `bound` (virtual
+/// time on the paused clock, which jumps ahead when every task waits, so a lost
+/// wake-up fails at once; real time otherwise). A failure condition, not
+/// synchronisation.
+async fn within<F: std::future::Future<Output = ()>>(test: &str, bound: Duration, body: F) {
+    if tokio::time::timeout(bound, body).await.is_err() {
+        panic!("{test}: a state it waits for never came within {bound:?}");
+    }
+}
+
 /// Runs the scenario on the current-thread runtime with a paused clock (`short` is
 /// then virtual time) and on the multi-thread runtime (`short` is real time, spent
 /// only where a deadline is meant to pass while the unit is held).
@@ -196,14 +206,14 @@ macro_rules! on_both_runtimes {
             async fn current_thread() {
                 #[allow(unused_variables)]
                 let $short = Duration::from_secs(1);
-                $body
+                within(stringify!($name), Duration::from_secs(3600), async move $body).await
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn multi_thread() {
                 #[allow(unused_variables)]
                 let $short = Duration::from_millis(20);
-                $body
+                within(stringify!($name), Duration::from_secs(20), async move $body).await
             }
         }
     )*};
@@ -736,35 +746,42 @@ on_both_runtimes! {
 // thread-blocking unit while the stop's deadline passes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_timed_out_stop_gives_back_a_stopping_task() {
-    let (blocking_tx, blocking) = oneshot::channel();
-    let (release, release_rx) = std::sync::mpsc::channel();
-    let unit = BlocksThread {
-        blocking: Some(blocking_tx),
-        release: release_rx,
-    };
-    let task = expect_running(
-        Task::spawn(Task::builder("t").unit(unit))
-            .unwrap()
-            .started()
-            .await,
-    );
-    blocking.await.unwrap();
-    let grace = Duration::from_millis(20);
-    let err = task.stop_within(grace).await.unwrap_err();
-    assert_eq!(
-        *err.error(),
-        Error::Timeout {
-            command: Command::Stop,
-            stage: Stage::Stopping,
-            waited: grace * 2
-        }
-    );
-    let AnyTask::Stopping(task) = err.into_task() else {
-        panic!("the run blocks its thread: the stage stays Stopping")
-    };
-    release.send(()).unwrap();
-    let stopped = expect_stopped(task.stop().await.unwrap());
-    assert_eq!(stopped.snapshot().stage, Stage::Stopped);
+    within(
+        "a_timed_out_stop_gives_back_a_stopping_task",
+        Duration::from_secs(20),
+        async move {
+            let (blocking_tx, blocking) = oneshot::channel();
+            let (release, release_rx) = std::sync::mpsc::channel();
+            let unit = BlocksThread {
+                blocking: Some(blocking_tx),
+                release: release_rx,
+            };
+            let task = expect_running(
+                Task::spawn(Task::builder("t").unit(unit))
+                    .unwrap()
+                    .started()
+                    .await,
+            );
+            blocking.await.unwrap();
+            let grace = Duration::from_millis(20);
+            let err = task.stop_within(grace).await.unwrap_err();
+            assert_eq!(
+                *err.error(),
+                Error::Timeout {
+                    command: Command::Stop,
+                    stage: Stage::Stopping,
+                    waited: grace * 2
+                }
+            );
+            let AnyTask::Stopping(task) = err.into_task() else {
+                panic!("the run blocks its thread: the stage stays Stopping")
+            };
+            release.send(()).unwrap();
+            let stopped = expect_stopped(task.stop().await.unwrap());
+            assert_eq!(stopped.snapshot().stage, Stage::Stopped);
+        },
+    )
+    .await
 }
 
 // ------------------------------------------------------------------ other parties

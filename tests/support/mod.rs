@@ -203,13 +203,25 @@ impl<C: Send + Sync + 'static> Unit<C> for Instant {
     }
 }
 
-/// Runs a test body, failing it (instead of hanging the suite) if a state it waits
-/// for never comes. The bound is a failure condition, not synchronisation.
-pub async fn within_a_minute<F: std::future::Future<Output = ()>>(body: F) {
-    tokio::time::timeout(std::time::Duration::from_secs(60), body)
-        .await
-        .expect("the test hung: a state it waits for never came");
+/// Runs a test body, failing it (instead of hanging the suite) if it has not finished
+/// within `bound`, with a message naming the test. The bound is a failure condition,
+/// not synchronisation. On tokio's paused clock the bound is virtual time, which jumps
+/// ahead whenever every task waits: a lost wake-up then fails at once.
+pub async fn within<F: std::future::Future<Output = ()>>(
+    test: &str,
+    bound: std::time::Duration,
+    body: F,
+) {
+    if tokio::time::timeout(bound, body).await.is_err() {
+        panic!("{test}: a state it waits for never came within {bound:?}");
+    }
 }
+
+/// The bound of a test on a real clock.
+pub const REAL_BOUND: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// The bound of a test on tokio's paused clock (virtual time; see [`within`]).
+pub const PAUSED_BOUND: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// Builds a current-thread and a multi-thread test from one async body.
 #[macro_export]
@@ -222,13 +234,13 @@ macro_rules! on_both_runtimes {
             $(#[$meta])*
             #[tokio::test(flavor = "current_thread")]
             async fn current_thread() {
-                $crate::support::within_a_minute(async move $body).await
+                $crate::support::within(stringify!($name), $crate::support::REAL_BOUND, async move $body).await
             }
 
             $(#[$meta])*
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn multi_thread() {
-                $crate::support::within_a_minute(async move $body).await
+                $crate::support::within(stringify!($name), $crate::support::REAL_BOUND, async move $body).await
             }
         }
     };
