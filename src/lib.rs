@@ -66,8 +66,10 @@
 //! - **Errors**: [`Error`] (refused or timed-out commands, naming the command and the
 //!   stage), [`BuildError`], [`RunError`] (what a run returned), [`Refusal`].
 //! - **The layers below**: [`table`], the pure transition table (the only place a
-//!   transition is decided) and [`lifecycle`], the runtime-agnostic core that loom
-//!   model-checks; [`sync`], the shim through which the core gets its sync types.
+//!   transition is decided); [`lifecycle`], the runtime-agnostic core, and
+//!   [`lifecycle::driver`], the runtime layer's protocol written once (the tokio layer
+//!   plugs into it, and so do the loom models, which check both); [`sync`], the shim
+//!   through which they get their sync types.
 //!
 //! The design, the normative table and the invariants are in `docs/design.md`; the
 //! rendered table is `docs/stages.md`; how it is checked is `docs/verification.md`.
@@ -75,8 +77,9 @@
 //! # Features
 //!
 //! The crate has no cargo features. One cfg matters: `--cfg taskstage_loom` builds the
-//! lifecycle core against `loom`'s sync types for the model tests in `loom-tests/`
-//! (only the core, table and shim are compiled then; the tokio layers are left out).
+//! lifecycle core and its driver against `loom`'s sync types for the model tests in
+//! `loom-tests/` (only the core, the driver, the table and the shim are compiled then;
+//! the tokio layers are left out).
 //! It is namespaced so that building for loom changes no other crate.
 #![forbid(unsafe_code)]
 #![doc(test(attr(deny(warnings))))]
