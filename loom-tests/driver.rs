@@ -181,6 +181,9 @@ impl Work<Signal, ()> for ModelUnit {
         Ok(())
     }
 
+    type Prepare<'a> = BoxFuture<'a, Result<(), RunError>>;
+    type Run<'a> = BoxFuture<'a, Exit>;
+
     fn prepare<'a>(
         &'a mut self,
         _info: RunInfo<'a, Signal, ()>,

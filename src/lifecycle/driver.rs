@@ -75,11 +75,23 @@ pub trait Work<K, C>: Send + 'static {
     ///
     /// The unit's error; the check or run then fails with it.
     fn apply_config(&mut self, config: &Arc<C>) -> Result<(), RunError>;
+    /// The future of a pre-start check.
+    type Prepare<'a>: Future<Output = Result<(), RunError>> + Send + Unpin + 'a
+    where
+        Self: 'a,
+        K: 'a,
+        C: 'a;
+    /// The future of a run.
+    type Run<'a>: Future<Output = Exit> + Send + Unpin + 'a
+    where
+        Self: 'a,
+        K: 'a,
+        C: 'a;
     /// The pre-start check.
-    fn prepare<'a>(&'a mut self, info: RunInfo<'a, K, C>) -> BoxFuture<'a, Result<(), RunError>>;
+    fn prepare<'a>(&'a mut self, info: RunInfo<'a, K, C>) -> Self::Prepare<'a>;
     /// One run: [`Exit::Ok`] when the unit completed, [`Exit::Cancelled`] when it
     /// returned because it was cancelled, [`Exit::Failed`] on error.
-    fn run<'a>(&'a mut self, info: RunInfo<'a, K, C>) -> BoxFuture<'a, Exit>;
+    fn run<'a>(&'a mut self, info: RunInfo<'a, K, C>) -> Self::Run<'a>;
     /// Releases the unit's resources.
     fn close(&mut self);
 }

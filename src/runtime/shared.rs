@@ -68,28 +68,39 @@ impl<C: Send + Sync + 'static> Work<RunSignals, C> for Held<C> {
         Ok(())
     }
 
-    fn prepare<'a>(
-        &'a mut self,
-        info: RunInfo<'a, RunSignals, C>,
-    ) -> BoxFuture<'a, Result<(), RunError>> {
+    type Prepare<'a> = BoxFuture<'a, Result<(), RunError>>;
+    type Run<'a> = RunOutcome<'a>;
+
+    fn prepare<'a>(&'a mut self, info: RunInfo<'a, RunSignals, C>) -> Self::Prepare<'a> {
         let ctx = self.context(&info);
         self.unit.prepare_boxed(ctx)
     }
 
-    fn run<'a>(&'a mut self, info: RunInfo<'a, RunSignals, C>) -> BoxFuture<'a, Exit> {
+    fn run<'a>(&'a mut self, info: RunInfo<'a, RunSignals, C>) -> Self::Run<'a> {
         let ctx = self.context(&info);
-        let run = self.unit.run_boxed(ctx);
-        Box::pin(async move {
-            match run.await {
-                Ok(RunExit::Completed) => Exit::Ok,
-                Ok(RunExit::Cancelled) => Exit::Cancelled,
-                Err(error) => Exit::Failed(error),
-            }
-        })
+        RunOutcome(self.unit.run_boxed(ctx))
     }
 
     fn close(&mut self) {
         self.unit.close();
+    }
+}
+
+/// A unit's run, read as the driver's [`Exit`] (no second allocation).
+pub(crate) struct RunOutcome<'a>(BoxFuture<'a, Result<RunExit, RunError>>);
+
+impl Future for RunOutcome<'_> {
+    type Output = Exit;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Exit> {
+        self.0.as_mut().poll(cx).map(|result| match result {
+            Ok(RunExit::Completed) => Exit::Ok,
+            Ok(RunExit::Cancelled) => Exit::Cancelled,
+            Err(error) => Exit::Failed(error),
+        })
     }
 }
 
