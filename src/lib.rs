@@ -55,7 +55,9 @@
 //!   [`Outcome`].
 //! - **Running work** ([`runtime`]): the [`Unit`] trait and its [`RunContext`]
 //!   ([`RunExit`], [`Progress`]); [`Task::builder`] → [`TaskBuilder`] → [`Handle`], the
-//!   cloneable async handle ([`TaskSnapshot`], [`StageEvent`], [`WeakHandle`]).
+//!   cloneable async handle ([`TaskSnapshot`], [`WeakHandle`]); every change as a
+//!   stream: [`Events`] of [`Event`] ([`Change`], or an explicit lag); the latest
+//!   change only: [`StageEvent`].
 //! - **Typed owner** ([`typestate`]): [`Task<S>`](Task), whose type names its stage so
 //!   that invalid commands do not compile; the stages a racing transition can reach:
 //!   [`AnyTask`](typestate::AnyTask), [`AtRest`](typestate::AtRest),
@@ -101,7 +103,8 @@ pub use error::{BuildError, Error, Refusal, RunError};
 pub use outcome::{Exit, Outcome};
 #[cfg(not(taskstage_loom))]
 pub use runtime::{
-    Handle, Progress, RunContext, RunExit, StageEvent, TaskBuilder, TaskSnapshot, Unit, WeakHandle,
+    Change, Event, Events, Handle, Progress, RunContext, RunExit, StageEvent, TaskBuilder,
+    TaskSnapshot, Unit, WeakHandle,
 };
 pub use stage::{Command, Stage};
 #[cfg(not(taskstage_loom))]

@@ -8,7 +8,10 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use taskstage::{BuildError, Command, Error, Handle, Outcome, Refusal, Stage, Task, TaskSnapshot};
+use taskstage::{
+    BuildError, Change, Command, Error, Event, Events, Handle, Outcome, Progress, Refusal, Stage,
+    Task, TaskSnapshot,
+};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -238,8 +241,10 @@ impl Pipeline {
             .unit(load)
             .unit(sync)
             .spawn_paused()?;
+        // Subscribed before the task starts: the timeline sees every change.
         let recorder = tokio::spawn(record(
-            handle.clone(),
+            handle.events(),
+            handle.name().to_owned(),
             task,
             Arc::clone(timeline),
             Arc::clone(screen),
@@ -294,18 +299,47 @@ impl Drop for Pipeline {
     }
 }
 
-/// Records every stage change of one task, until it is terminal.
-async fn record(handle: Handle, task: usize, timeline: Arc<Timeline>, screen: Arc<Screen>) {
-    let mut last = 0;
-    loop {
-        let seen = last;
-        let snap = handle.wait_for(move |s| s.seq > seen).await;
-        last = snap.seq;
-        timeline.stage(task, &snap);
-        screen.stage(&snap);
-        if snap.stage.is_terminal() {
-            return;
+/// Records every stage change of one task, in order, until it is terminal. It reads
+/// the task's event stream, which skips nothing (it would say so with a lag), and does
+/// not keep the task alive.
+async fn record(
+    mut events: Events,
+    name: String,
+    task: usize,
+    timeline: Arc<Timeline>,
+    screen: Arc<Screen>,
+) {
+    while let Some(event) = events.next().await {
+        match event {
+            Event::Change(change) => {
+                let snap = snapshot_of(&name, &change);
+                timeline.stage(task, &snap);
+                screen.stage(&snap);
+            }
+            Event::Lagged { missed } => {
+                timeline.action(
+                    task,
+                    format!("{missed} changes not recorded: the timeline fell behind"),
+                );
+            }
         }
+    }
+}
+
+/// The task's state right after `change`, as the timeline and the screen show it.
+fn snapshot_of(task: &str, change: &Change) -> TaskSnapshot {
+    TaskSnapshot {
+        name: task.to_owned(),
+        stage: change.stage,
+        generation: change.generation,
+        unit: change
+            .unit
+            .map(|index| (index, name(index).to_owned())),
+        units: UNIT_NAMES.len(),
+        outcome: change.outcome.clone(),
+        user_paused: change.user_paused,
+        progress: Progress::default(),
+        seq: change.seq,
     }
 }
 

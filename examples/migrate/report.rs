@@ -476,8 +476,7 @@ pub(crate) fn render(summary: &Summary) -> String {
     let _ = writeln!(
         out,
         "stage timeline (time, task, run generation, unit, stage; `>>` marks the \
-         controller's commands; a stage that lasts less than the observer's wake-up \
-         may not be listed):"
+         controller's commands; every change of every task is listed):"
     );
     out.push_str(&render_timeline(&summary.timeline));
     let _ = writeln!(out);

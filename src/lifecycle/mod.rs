@@ -39,6 +39,7 @@
 
 mod catch;
 pub mod driver;
+mod journal;
 #[cfg(taskstage_loom)]
 pub mod prefix;
 mod waiters;
@@ -55,6 +56,8 @@ use crate::stage::{Command, Stage};
 use crate::sync::{lock, Arc, AtomicU8, Condvar, Mutex, MutexGuard, Ordering};
 use crate::table::{self, Input, MarkChange, OutcomeChange, Verdict};
 
+use self::journal::Journal;
+pub use self::journal::{Change, Event};
 use self::waiters::Waiters;
 
 /// The signals of one run or pre-start check: a cooperative cancel, and an abort.
@@ -280,6 +283,8 @@ struct State<K, C, U> {
     config: Arc<C>,
     seq: u64,
     waiters: Waiters,
+    /// Every change since the first subscription, bounded; `None` until then.
+    journal: Option<Journal>,
     /// Threads blocked in `settled_blocking` on the condition variable. Changed only
     /// under the lock, so a change that reads it as zero cannot miss a thread: one
     /// that blocks later checks its condition first, under the same lock.
@@ -323,6 +328,7 @@ impl<K: CancelHandle, C, U> Lifecycle<K, C, U> {
                 config,
                 seq: 0,
                 waiters: Waiters::default(),
+                journal: None,
                 blocked: 0,
             }),
             stage: AtomicU8::new(Stage::New as u8),
@@ -619,6 +625,14 @@ impl<K: CancelHandle, C, U> Lifecycle<K, C, U> {
             cause: input,
             seq: state.seq,
         });
+        // In the critical section that made the change: the journal's order is the
+        // core's, and no change is missing from it.
+        if state.journal.is_some() {
+            let change = state.change(from, input);
+            if let Some(journal) = &mut state.journal {
+                journal.push(change);
+            }
+        }
         let wakers = state.waiters.take();
         let notify_threads = state.blocked > 0;
         drop(state);
@@ -631,6 +645,61 @@ impl<K: CancelHandle, C, U> Lifecycle<K, C, U> {
             self.changed.notify_all();
         }
         Ok(applied)
+    }
+
+    /// Starts journaling changes (keeping at least `capacity` of them), and returns the
+    /// change counter a new reader starts after: it will read every change from the
+    /// next one on.
+    pub fn subscribe_changes(&self, capacity: usize) -> u64 {
+        let mut state = lock(&self.state);
+        match &mut state.journal {
+            Some(journal) => journal.reserve(capacity),
+            None => state.journal = Some(Journal::new(capacity)),
+        }
+        state.seq
+    }
+
+    /// Polls for the journal entry after change `*seen`, for a reader registered as
+    /// waiter `*id`. Returns `Ready(None)` once the reader has read a terminal stage,
+    /// or when nothing is journaled.
+    pub fn poll_change(
+        &self,
+        seen: &mut u64,
+        ended: &mut bool,
+        id: &mut Option<u64>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Event>> {
+        let mut state = lock(&self.state);
+        if *ended {
+            state.waiters.remove(id.take());
+            return Poll::Ready(None);
+        }
+        let Some(journal) = &state.journal else {
+            state.waiters.remove(id.take());
+            return Poll::Ready(None);
+        };
+        match journal.read(*seen + 1) {
+            Some((entry, next)) => {
+                *seen = next - 1;
+                if let Event::Change(change) = &entry {
+                    *ended = change.stage.is_terminal();
+                }
+                Poll::Ready(Some(entry))
+            }
+            None => {
+                // Registered under the lock that every change takes: the next change
+                // wakes this reader (invariant 7).
+                state.waiters.register(id, cx.waker());
+                Poll::Pending
+            }
+        }
+    }
+
+    /// Forgets reader `id` (its stream was dropped).
+    pub fn forget_reader(&self, id: Option<u64>) {
+        if id.is_some() {
+            lock(&self.state).waiters.remove(id);
+        }
     }
 
     /// Waits (async) until `settle` is reached, and returns the stage it reports.
@@ -798,6 +867,19 @@ impl<K, C, U> State<K, C, U> {
 }
 
 impl<K, C, U> State<K, C, U> {
+    fn change(&self, from: Stage, cause: Input) -> Change {
+        Change {
+            from,
+            stage: self.stage,
+            cause,
+            seq: self.seq,
+            generation: self.generation,
+            unit: (self.unit < self.units).then_some(self.unit),
+            outcome: self.outcome.clone(),
+            user_paused: self.user_paused,
+        }
+    }
+
     fn snapshot(&self) -> Snapshot {
         Snapshot {
             stage: self.stage,

@@ -3,6 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use super::events::{Events, DEFAULT_EVENT_CAPACITY};
 use super::handle::{Handle, DEFAULT_PAUSE_TIMEOUT, DEFAULT_STOP_GRACE};
 use super::shared::new_task;
 use super::unit::{DynUnit, Unit};
@@ -20,6 +21,7 @@ pub struct TaskBuilder<C = ()> {
     config: C,
     pause_timeout: Duration,
     stop_grace: Duration,
+    event_capacity: usize,
 }
 
 impl<C> fmt::Debug for TaskBuilder<C> {
@@ -32,6 +34,7 @@ impl<C> fmt::Debug for TaskBuilder<C> {
             )
             .field("pause_timeout", &self.pause_timeout)
             .field("stop_grace", &self.stop_grace)
+            .field("event_capacity", &self.event_capacity)
             .finish_non_exhaustive()
     }
 }
@@ -44,6 +47,7 @@ impl TaskBuilder<()> {
             config: (),
             pause_timeout: DEFAULT_PAUSE_TIMEOUT,
             stop_grace: DEFAULT_STOP_GRACE,
+            event_capacity: DEFAULT_EVENT_CAPACITY,
         }
     }
 
@@ -57,6 +61,7 @@ impl TaskBuilder<()> {
             config,
             pause_timeout: self.pause_timeout,
             stop_grace: self.stop_grace,
+            event_capacity: self.event_capacity,
         }
     }
 }
@@ -79,6 +84,27 @@ impl<C: Send + Sync + 'static> TaskBuilder<C> {
     pub fn stop_grace(mut self, grace: Duration) -> Self {
         self.stop_grace = grace;
         self
+    }
+
+    /// How many changes the task keeps for its event streams (default 1,024): a
+    /// reader of [`Handle::events`] that falls further behind is told how many it
+    /// missed ([`Event::Lagged`](crate::Event::Lagged)). Nothing is kept until the first stream is made.
+    pub fn event_capacity(mut self, capacity: usize) -> Self {
+        self.event_capacity = capacity.max(1);
+        self
+    }
+
+    /// Spawns the task, subscribes to its events, then starts it: the stream sees
+    /// every change from the first resume on, with no race against the start.
+    ///
+    /// # Errors
+    ///
+    /// As [`TaskBuilder::spawn`].
+    pub fn spawn_with_events(self) -> Result<(Handle<C>, Events<C>), BuildError> {
+        let handle = self.spawn_paused()?;
+        let events = handle.events();
+        let _ = Driver::command(handle.shared(), Command::Resume);
+        Ok((handle, events))
     }
 
     /// Spawns the task on the current tokio runtime and starts it (stage Resuming,
@@ -108,6 +134,11 @@ impl<C: Send + Sync + 'static> TaskBuilder<C> {
         }
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| BuildError::NoRuntime)?;
         let shared = Arc::new(new_task(self.name, self.units, self.config, runtime));
-        Ok(Handle::new(shared, self.pause_timeout, self.stop_grace))
+        Ok(Handle::new(
+            shared,
+            self.pause_timeout,
+            self.stop_grace,
+            self.event_capacity,
+        ))
     }
 }

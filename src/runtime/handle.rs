@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
+use super::events::Events;
 use super::shared::Shared;
 use super::unit::Progress;
 use super::StageEvent;
@@ -104,6 +105,7 @@ struct Owner<C: Send + Sync + 'static> {
     shared: Arc<Shared<C>>,
     stop_grace: Duration,
     pause_timeout: Duration,
+    event_capacity: usize,
 }
 
 impl<C: Send + Sync + 'static> Clone for Handle<C> {
@@ -159,6 +161,7 @@ impl<C: Send + Sync + 'static> Handle<C> {
         shared: Arc<Shared<C>>,
         pause_timeout: Duration,
         stop_grace: Duration,
+        event_capacity: usize,
     ) -> Self {
         Handle {
             shared: Arc::clone(&shared),
@@ -166,6 +169,7 @@ impl<C: Send + Sync + 'static> Handle<C> {
                 shared,
                 stop_grace,
                 pause_timeout,
+                event_capacity,
             }),
         }
     }
@@ -229,11 +233,51 @@ impl<C: Send + Sync + 'static> Handle<C> {
         self.shared().core().config()
     }
 
+    /// Every change of the task from now on, in order, as a
+    /// [`Stream`](futures_core::Stream) of [`Event`](crate::Event)s.
+    ///
+    /// Nothing is skipped silently: consecutive changes have consecutive
+    /// [`Change::seq`](crate::lifecycle::Change::seq) numbers, and a reader that falls
+    /// more than the task's event capacity behind gets one
+    /// [`Event::Lagged`](crate::Event::Lagged) saying how many changes it missed. The
+    /// stream ends after the first terminal stage. It does
+    /// not keep the task alive. To see the first start too, make the stream before it:
+    /// [`TaskBuilder::spawn_with_events`](crate::TaskBuilder::spawn_with_events), or
+    /// [`spawn_paused`](crate::TaskBuilder::spawn_paused) then `events()` then
+    /// [`Handle::resume`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use taskstage::{RunContext, RunError, RunExit, Stage, Task, Unit};
+    /// use taskstage::Event;
+    /// # struct Copy;
+    /// # impl Unit for Copy {
+    /// #     async fn run(&mut self, _ctx: RunContext) -> Result<RunExit, RunError> {
+    /// #         Ok(RunExit::Completed)
+    /// #     }
+    /// # }
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let (_task, mut events) = Task::builder("copy").unit(Copy).spawn_with_events().unwrap();
+    /// let mut path = vec![];
+    /// while let Some(event) = events.next().await {
+    ///     if let Event::Change(change) = event {
+    ///         path.push(change.stage);
+    ///     }
+    /// }
+    /// assert_eq!(path, [Stage::Resuming, Stage::Running, Stage::Finished]);
+    /// # }
+    /// ```
+    pub fn events(&self) -> Events<C> {
+        Events::new(Arc::clone(&self.shared), self.owner.event_capacity)
+    }
+
     /// A receiver of the task's latest stage change.
     ///
     /// A `watch` receiver holds the newest value: a subscriber that reads slowly may
     /// skip intermediate stages, never see them out of order. [`StageEvent::seq`]
-    /// counts every change.
+    /// counts every change. For every change, use [`Handle::events`].
     pub fn subscribe(&self) -> watch::Receiver<StageEvent> {
         self.shared().runtime().subscribe()
     }

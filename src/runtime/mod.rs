@@ -8,11 +8,13 @@
 //! held across an `.await` or across user code.
 
 mod builder;
+mod events;
 mod handle;
 mod shared;
 mod unit;
 
 pub use self::builder::TaskBuilder;
+pub use self::events::{Change, Event, Events, DEFAULT_EVENT_CAPACITY};
 pub use self::handle::{
     Handle, TaskSnapshot, WeakHandle, DEFAULT_PAUSE_TIMEOUT, DEFAULT_STOP_GRACE,
 };

@@ -1,0 +1,147 @@
+//! The event stream through the public API: complete, ordered, explicit about lag.
+
+mod support;
+
+use std::time::Duration;
+
+use taskstage::{Change, Event, Events, Handle, RunContext, RunError, RunExit, Stage, Task, Unit};
+
+/// Runs until cancelled.
+struct UntilCancelled;
+
+impl Unit for UntilCancelled {
+    async fn run(&mut self, ctx: RunContext) -> Result<RunExit, RunError> {
+        ctx.cancelled().await;
+        Ok(RunExit::Cancelled)
+    }
+}
+
+/// The next event, failing within seconds if none comes.
+async fn next(events: &mut Events, what: &str) -> Option<Event> {
+    match tokio::time::timeout(Duration::from_secs(10), events.next()).await {
+        Ok(event) => event,
+        Err(_) => panic!("{what} never came"),
+    }
+}
+
+fn change(event: Option<Event>) -> Change {
+    match event {
+        Some(Event::Change(change)) => change,
+        other => panic!("expected a change, got {other:?}"),
+    }
+}
+
+/// One pause and one resume, waiting for Running again.
+async fn cycle(handle: &Handle) {
+    assert_eq!(handle.pause().await.unwrap(), Stage::Paused);
+    handle.resume().await.unwrap();
+    let running = tokio::time::timeout(
+        Duration::from_secs(10),
+        handle.wait_for_stage(|s| s == Stage::Running),
+    );
+    running.await.expect("Running after a resume never came");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_transitions_arrive_complete_and_in_order() {
+    const ROUNDS: u64 = 2_500; // four transitions each
+    let (handle, mut events) = Task::builder("t")
+        .unit(UntilCancelled)
+        .event_capacity(32_768)
+        .spawn_with_events()
+        .unwrap();
+    // The reader runs on the other worker, concurrently with the changes.
+    let reader = tokio::spawn(async move {
+        let mut previous = Stage::New;
+        let mut seq = 0;
+        let mut count = 0u64;
+        while let Some(event) = next(&mut events, "the next event").await {
+            let change = change(Some(event));
+            assert_eq!(change.seq, seq + 1, "a change was skipped or reordered");
+            assert_eq!(
+                change.from, previous,
+                "change {} does not start where the last ended",
+                change.seq
+            );
+            previous = change.stage;
+            seq = change.seq;
+            count += 1;
+        }
+        (count, previous)
+    });
+    support::within("transitions", support::REAL_BOUND, async {
+        handle.wait_for_stage(|s| s == Stage::Running).await;
+        for _ in 0..ROUNDS {
+            cycle(&handle).await;
+        }
+        assert_eq!(handle.stop().await.unwrap(), Stage::Stopped);
+    })
+    .await;
+    let (count, last) = reader.await.unwrap();
+    // New → Resuming → Running, 4 per round, then the stop: → Stopping, the run's
+    // return (Stopping while the units close), → Stopped on "units closed".
+    assert_eq!(count, 2 + 4 * ROUNDS + 3);
+    assert_eq!(last, Stage::Stopped);
+    assert!(count >= 10_000);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_reader_that_falls_behind_is_told_how_many_changes_it_missed() {
+    let handle = Task::builder("t")
+        .unit(UntilCancelled)
+        .event_capacity(8)
+        .spawn_paused()
+        .unwrap();
+    let mut events = handle.events();
+    // Twenty-two changes, none read: the start (2) and five cycles (4 each).
+    handle.resume().await.unwrap();
+    handle.wait_for_stage(|s| s == Stage::Running).await;
+    for _ in 0..5 {
+        cycle(&handle).await;
+    }
+    let made = handle.snapshot().seq;
+    assert_eq!(made, 22);
+    match next(&mut events, "the lag").await {
+        Some(Event::Lagged { missed }) => assert_eq!(missed, made - 8, "the eight newest are kept"),
+        other => panic!("expected a lag, got {other:?}"),
+    }
+    for seq in made - 7..=made {
+        assert_eq!(change(next(&mut events, "a kept change").await).seq, seq);
+    }
+    // After the lag the reader is current again: nothing is skipped from here on.
+    assert_eq!(handle.stop().await.unwrap(), Stage::Stopped);
+    let stopping = change(next(&mut events, "Stopping").await);
+    let returned = change(next(&mut events, "the run's return").await);
+    let stopped = change(next(&mut events, "Stopped").await);
+    assert_eq!((stopping.seq, stopping.stage), (made + 1, Stage::Stopping));
+    assert_eq!((returned.seq, returned.stage), (made + 2, Stage::Stopping));
+    assert_eq!((stopped.seq, stopped.stage), (made + 3, Stage::Stopped));
+    assert_eq!(stopped.cause, taskstage::table::Input::Closed);
+    assert!(
+        next(&mut events, "the end").await.is_none(),
+        "the stream ends at a terminal stage"
+    );
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_stream_does_not_keep_its_task_alive() {
+    let (handle, mut events) = Task::builder("t")
+        .unit(UntilCancelled)
+        .spawn_with_events()
+        .unwrap();
+    let mut stages = vec![];
+    drop(handle);
+    while let Some(event) = next(&mut events, "the stop of a task whose last handle went").await {
+        stages.push(change(Some(event)).stage);
+    }
+    assert_eq!(
+        stages,
+        [
+            Stage::Resuming,
+            Stage::Stopping,
+            Stage::Stopping,
+            Stage::Stopped
+        ],
+        "dropping the last handle stops the task"
+    );
+}
