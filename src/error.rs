@@ -96,6 +96,36 @@ impl Error {
             Error::Refused { stage, .. } | Error::Timeout { stage, .. } => *stage,
         }
     }
+
+    /// What went wrong, without the figures (how long a timeout waited): for
+    /// assertions and for deciding what to do next.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use taskstage::{Command, Error, ErrorKind, Refusal, Stage};
+    ///
+    /// let timeout = Error::Timeout { command: Command::Pause, stage: Stage::Pausing, waited: Duration::from_secs(3) };
+    /// assert_eq!(timeout.kind(), ErrorKind::Timeout);
+    /// let refused = Error::Refused { command: Command::Resume, stage: Stage::Pausing, reason: Refusal::StillRunning };
+    /// assert_eq!(refused.kind(), ErrorKind::Refused(Refusal::StillRunning));
+    /// ```
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::Refused { reason, .. } => ErrorKind::Refused(*reason),
+            Error::Timeout { .. } => ErrorKind::Timeout,
+        }
+    }
+}
+
+/// Which kind of [`Error`] it is: see [`Error::kind`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    /// The command was refused, for this reason; nothing changed.
+    Refused(Refusal),
+    /// The command was accepted, but its wait ended before the run returned.
+    Timeout,
 }
 
 /// An error a task cannot be built from.

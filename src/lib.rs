@@ -55,7 +55,8 @@
 //!   [`Outcome`].
 //! - **Running work** ([`runtime`]): the [`Unit`] trait and its [`RunContext`]
 //!   ([`RunExit`], [`Progress`]); [`Task::builder`] → [`TaskBuilder`] → [`Handle`], the
-//!   cloneable async handle ([`TaskSnapshot`], [`WeakHandle`]); every change as a
+//!   cloneable async handle ([`TaskSnapshot`], [`WeakHandle`]; commands issued now and
+//!   awaited later: [`Settling`]); every change as a
 //!   stream: [`Events`] of [`Event`] ([`Change`], or an explicit lag); the latest
 //!   change only: [`StageEvent`].
 //! - **Typed owner** ([`typestate`]): [`Task<S>`](Task), whose type names its stage so
@@ -66,7 +67,8 @@
 //! - **Auto-resume** ([`policy`]): resumes tasks paused by resumable errors, with
 //!   backoff.
 //! - **Errors**: [`Error`] (refused or timed-out commands, naming the command and the
-//!   stage), [`BuildError`], [`RunError`] (what a run returned), [`Refusal`].
+//!   stage) and its [`ErrorKind`], [`BuildError`], [`RunError`] (what a run
+//!   returned), [`Refusal`]; an outcome's [`OutcomeKind`].
 //! - **The layers below**: [`table`], the pure transition table (the only place a
 //!   transition is decided); [`lifecycle`], the runtime-agnostic core, and
 //!   [`lifecycle::driver`], the runtime layer's protocol written once (the tokio layer
@@ -99,12 +101,12 @@ pub mod table;
 #[cfg(not(taskstage_loom))]
 pub mod typestate;
 
-pub use error::{BuildError, Error, Refusal, RunError};
-pub use outcome::{Exit, Outcome};
+pub use error::{BuildError, Error, ErrorKind, Refusal, RunError};
+pub use outcome::{Exit, Outcome, OutcomeKind};
 #[cfg(not(taskstage_loom))]
 pub use runtime::{
-    Change, Event, Events, Handle, Progress, RunContext, RunExit, StageEvent, TaskBuilder,
-    TaskSnapshot, Unit, WeakHandle,
+    Change, Event, Events, Handle, Progress, RunContext, RunExit, Settling, StageEvent,
+    TaskBuilder, TaskSnapshot, Unit, WeakHandle,
 };
 pub use stage::{Command, Stage};
 #[cfg(not(taskstage_loom))]

@@ -332,9 +332,7 @@ fn snapshot_of(task: &str, change: &Change) -> TaskSnapshot {
         name: task.to_owned(),
         stage: change.stage,
         generation: change.generation,
-        unit: change
-            .unit
-            .map(|index| (index, name(index).to_owned())),
+        unit: change.unit.map(|index| (index, name(index).to_owned())),
         units: UNIT_NAMES.len(),
         outcome: change.outcome.clone(),
         user_paused: change.user_paused,

@@ -1,6 +1,9 @@
 //! The task handle: the async, cloneable way to command and observe one task.
 
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -11,7 +14,7 @@ use super::unit::Progress;
 use super::StageEvent;
 use crate::error::Error;
 use crate::lifecycle::driver::Driver;
-use crate::lifecycle::Snapshot;
+use crate::lifecycle::{Settle, Snapshot};
 use crate::outcome::Outcome;
 use crate::stage::{Command, Stage};
 use crate::sync::{Arc, Weak};
@@ -461,27 +464,66 @@ impl<C: Send + Sync + 'static> Handle<C> {
     /// Cancel safe: the stop is issued at the first poll and completes without this
     /// future; only the escalation to abort needs it to be polled past `grace`.
     pub async fn stop_within(&self, grace: Duration) -> Result<Stage, Error> {
-        let shared = self.shared();
-        let settle = Driver::command(shared, Command::Stop)?;
-        // Stopped is published only once every unit's close has returned
-        // (invariant 9), so settling is all there is to wait for.
-        match tokio::time::timeout(grace, shared.core().settled(settle)).await {
-            Ok(stage) => Ok(stage),
-            Err(_) => {
-                // Invariant 8: escalate, and still report Stopped only when the
-                // aborted future is gone and the units are closed.
-                tracing::warn!(parent: &shared.runtime().span, ?grace, "run ignored cancellation; aborting");
-                shared.abort(settle.generation());
-                match tokio::time::timeout(grace, shared.core().settled(settle)).await {
-                    Ok(stage) => Ok(stage),
-                    Err(_) => Err(Error::Timeout {
-                        command: Command::Stop,
-                        stage: self.stage(),
-                        waited: grace.saturating_mul(2),
-                    }),
-                }
-            }
-        }
+        let settle = Driver::command(self.shared(), Command::Stop)?;
+        stop_settled(self.shared(), settle, grace).await
+    }
+
+    /// Issues a pause now, without waiting, and returns the wait as a future to await
+    /// later (or drop): the acceptance is immediate, so a control loop or a signal
+    /// handler is never held up by a slow unit. The future settles as
+    /// [`Handle::pause`] does, with the task's pause timeout.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Refused`] at once, as [`Handle::pause_within`]; the returned future's
+    /// own error is the timeout.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use taskstage::{RunContext, RunError, RunExit, Stage, Task, Unit};
+    /// # struct Wait;
+    /// # impl Unit for Wait {
+    /// #     async fn run(&mut self, ctx: RunContext) -> Result<RunExit, RunError> {
+    /// #         ctx.cancelled().await;
+    /// #         Ok(RunExit::Cancelled)
+    /// #     }
+    /// # }
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), taskstage::Error> {
+    /// let handle = Task::builder("copy").unit(Wait).spawn().unwrap();
+    /// handle.wait_for_stage(|s| s == Stage::Running).await;
+    /// let settling = handle.pause_now()?; // accepted: the run is being cancelled
+    /// assert_eq!(handle.stage(), Stage::Pausing);
+    /// assert_eq!(settling.await?, Stage::Paused); // the run has returned
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn pause_now(&self) -> Result<Settling, Error> {
+        let settle = Driver::command(self.shared(), Command::Pause)?;
+        let shared = Arc::clone(self.shared());
+        let timeout = self.owner.pause_timeout;
+        Ok(Settling::new(async move {
+            settled_within(&shared, settle, timeout).await
+        }))
+    }
+
+    /// Issues a stop now, without waiting, and returns the wait as a future: it
+    /// settles as [`Handle::stop`] does, aborting the run after the task's stop grace
+    /// period. Dropping the future does not undo the stop, but gives up the
+    /// escalation to abort (the last handle's drop still has its own).
+    ///
+    /// # Errors
+    ///
+    /// As [`Handle::stop_within`]: none at once today (stop is accepted everywhere);
+    /// the returned future's error is the timeout.
+    pub fn stop_now(&self) -> Result<Settling, Error> {
+        let settle = Driver::command(self.shared(), Command::Stop)?;
+        let shared = Arc::clone(self.shared());
+        let grace = self.owner.stop_grace;
+        Ok(Settling::new(async move {
+            stop_settled(&shared, settle, grace).await
+        }))
     }
 
     /// Replaces the task's configuration. Units apply it before their next check or
@@ -500,22 +542,83 @@ impl<C: Send + Sync + 'static> Handle<C> {
     }
 
     async fn command_and_wait(&self, command: Command, timeout: Duration) -> Result<Stage, Error> {
-        let shared = self.shared();
-        let settle = Driver::command(shared, command)?;
-        match tokio::time::timeout(timeout, shared.core().settled(settle)).await {
-            Ok(stage) => Ok(stage),
-            Err(_) => {
-                let snapshot = shared.core().snapshot();
-                match settle.reached(snapshot.stage, snapshot.generation) {
-                    Some(stage) => Ok(stage),
-                    None => Err(Error::Timeout {
-                        command,
-                        stage: snapshot.stage,
-                        waited: timeout,
-                    }),
-                }
+        let settle = Driver::command(self.shared(), command)?;
+        settled_within(self.shared(), settle, timeout).await
+    }
+}
+
+/// Waits up to `timeout` for an accepted pause to settle.
+async fn settled_within<C: Send + Sync + 'static>(
+    shared: &Shared<C>,
+    settle: Settle,
+    timeout: Duration,
+) -> Result<Stage, Error> {
+    match tokio::time::timeout(timeout, shared.core().settled(settle)).await {
+        Ok(stage) => Ok(stage),
+        Err(_) => {
+            let snapshot = shared.core().snapshot();
+            match settle.reached(snapshot.stage, snapshot.generation) {
+                Some(stage) => Ok(stage),
+                None => Err(Error::Timeout {
+                    command: settle.command(),
+                    stage: snapshot.stage,
+                    waited: timeout,
+                }),
             }
         }
+    }
+}
+
+/// Waits for an accepted stop to settle, aborting the run after `grace`.
+async fn stop_settled<C: Send + Sync + 'static>(
+    shared: &Shared<C>,
+    settle: Settle,
+    grace: Duration,
+) -> Result<Stage, Error> {
+    // Stopped is published only once every unit's close has returned (invariant 9),
+    // so settling is all there is to wait for.
+    match tokio::time::timeout(grace, shared.core().settled(settle)).await {
+        Ok(stage) => Ok(stage),
+        Err(_) => {
+            // Invariant 8: escalate, and still report Stopped only when the aborted
+            // future is gone and the units are closed.
+            tracing::warn!(parent: &shared.runtime().span, ?grace, "run ignored cancellation; aborting");
+            shared.abort(settle.generation());
+            match tokio::time::timeout(grace, shared.core().settled(settle)).await {
+                Ok(stage) => Ok(stage),
+                Err(_) => Err(Error::Timeout {
+                    command: Command::Stop,
+                    stage: shared.core().stage(),
+                    waited: grace.saturating_mul(2),
+                }),
+            }
+        }
+    }
+}
+
+/// The rest of a command issued with [`Handle::pause_now`] or [`Handle::stop_now`]:
+/// resolves to the stage the command settled in. The command itself was accepted
+/// before this existed.
+#[must_use = "futures do nothing unless polled; dropping this does not undo the command"]
+pub struct Settling(Pin<Box<dyn Future<Output = Result<Stage, Error>> + Send>>);
+
+impl Settling {
+    fn new(future: impl Future<Output = Result<Stage, Error>> + Send + 'static) -> Self {
+        Settling(Box::pin(future))
+    }
+}
+
+impl fmt::Debug for Settling {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Settling").finish_non_exhaustive()
+    }
+}
+
+impl Future for Settling {
+    type Output = Result<Stage, Error>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.0.as_mut().poll(cx)
     }
 }
 

@@ -16,7 +16,7 @@ mod unit;
 pub use self::builder::TaskBuilder;
 pub use self::events::{Change, Event, Events, DEFAULT_EVENT_CAPACITY};
 pub use self::handle::{
-    Handle, TaskSnapshot, WeakHandle, DEFAULT_PAUSE_TIMEOUT, DEFAULT_STOP_GRACE,
+    Handle, Settling, TaskSnapshot, WeakHandle, DEFAULT_PAUSE_TIMEOUT, DEFAULT_STOP_GRACE,
 };
 pub use self::unit::{Progress, RunContext, RunExit, Unit};
 
