@@ -59,6 +59,9 @@
 //!   awaited later: [`Settling`]); every change as a
 //!   stream: [`Events`] of [`Event`] ([`Change`], or an explicit lag); the latest
 //!   change only: [`StageEvent`].
+//! - **Many tasks at once**: [`TaskGroup`] (pause all, stop all with one deadline,
+//!   [`StopOrder`]), its [`GroupReport`] ([`TaskReport`], [`Stuck`]) and merged
+//!   [`GroupEvents`].
 //! - **Typed owner** ([`typestate`]): [`Task<S>`](Task), whose type names its stage so
 //!   that invalid commands do not compile; the stages a racing transition can reach:
 //!   [`AnyTask`](typestate::AnyTask), [`AtRest`](typestate::AtRest),
@@ -105,8 +108,9 @@ pub use error::{BuildError, Error, ErrorKind, Refusal, RunError};
 pub use outcome::{Exit, Outcome, OutcomeKind};
 #[cfg(not(taskstage_loom))]
 pub use runtime::{
-    Change, Event, Events, Handle, Progress, RunContext, RunExit, Settling, StageEvent,
-    TaskBuilder, TaskSnapshot, Unit, WeakHandle,
+    Change, Event, Events, GroupEvents, GroupReport, Handle, Progress, RunContext, RunExit,
+    Settling, StageEvent, StopOrder, Stuck, TaskBuilder, TaskGroup, TaskReport, TaskSnapshot, Unit,
+    WeakHandle,
 };
 pub use stage::{Command, Stage};
 #[cfg(not(taskstage_loom))]

@@ -500,9 +500,17 @@ impl<C: Send + Sync + 'static> Handle<C> {
     /// # }
     /// ```
     pub fn pause_now(&self) -> Result<Settling, Error> {
+        self.pause_now_within(self.owner.pause_timeout)
+    }
+
+    /// As [`Handle::pause_now`], with the wait bounded by `timeout`.
+    ///
+    /// # Errors
+    ///
+    /// As [`Handle::pause_now`].
+    pub fn pause_now_within(&self, timeout: Duration) -> Result<Settling, Error> {
         let settle = Driver::command(self.shared(), Command::Pause)?;
         let shared = Arc::clone(self.shared());
-        let timeout = self.owner.pause_timeout;
         Ok(Settling::new(async move {
             settled_within(&shared, settle, timeout).await
         }))
@@ -518,9 +526,18 @@ impl<C: Send + Sync + 'static> Handle<C> {
     /// As [`Handle::stop_within`]: none at once today (stop is accepted everywhere);
     /// the returned future's error is the timeout.
     pub fn stop_now(&self) -> Result<Settling, Error> {
+        self.stop_now_within(self.owner.stop_grace)
+    }
+
+    /// As [`Handle::stop_now`], with `grace` before the abort (and as much again for
+    /// the aborted run to go).
+    ///
+    /// # Errors
+    ///
+    /// As [`Handle::stop_now`].
+    pub fn stop_now_within(&self, grace: Duration) -> Result<Settling, Error> {
         let settle = Driver::command(self.shared(), Command::Stop)?;
         let shared = Arc::clone(self.shared());
-        let grace = self.owner.stop_grace;
         Ok(Settling::new(async move {
             stop_settled(&shared, settle, grace).await
         }))

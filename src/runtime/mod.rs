@@ -9,12 +9,14 @@
 
 mod builder;
 mod events;
+mod group;
 mod handle;
 mod shared;
 mod unit;
 
 pub use self::builder::TaskBuilder;
 pub use self::events::{Change, Event, Events, DEFAULT_EVENT_CAPACITY};
+pub use self::group::{GroupEvents, GroupReport, StopOrder, Stuck, TaskGroup, TaskReport};
 pub use self::handle::{
     Handle, Settling, TaskSnapshot, WeakHandle, DEFAULT_PAUSE_TIMEOUT, DEFAULT_STOP_GRACE,
 };

@@ -1,0 +1,188 @@
+//! Task groups through the public API: one deadline, a report of what is stuck,
+//! reverse-order stops, merged events, and dropping the group.
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use support::{scripted, Live};
+use taskstage::{
+    ErrorKind, Event, RunContext, RunError, RunExit, Stage, StopOrder, Task, TaskGroup, Unit,
+};
+
+/// Runs until cancelled; on close, writes its name into a shared log.
+struct Logs {
+    name: &'static str,
+    log: Arc<Mutex<Vec<&'static str>>>,
+}
+
+impl Unit for Logs {
+    fn name(&self) -> &str {
+        self.name
+    }
+
+    async fn run(&mut self, ctx: RunContext) -> Result<RunExit, RunError> {
+        ctx.cancelled().await;
+        Ok(RunExit::Cancelled)
+    }
+
+    fn close(&mut self) {
+        self.log.lock().unwrap().push(self.name);
+    }
+}
+
+fn logged(names: &[&'static str], log: &Arc<Mutex<Vec<&'static str>>>) -> TaskGroup {
+    let mut group = TaskGroup::new();
+    for &name in names {
+        let unit = Logs {
+            name,
+            log: Arc::clone(log),
+        };
+        group.add(Task::builder(name).unit(unit).spawn().unwrap());
+    }
+    group
+}
+
+#[tokio::test(start_paused = true)]
+async fn pause_all_names_the_task_that_is_stuck() {
+    support::within("pause_all", support::PAUSED_BOUND, async {
+        let live = Live::new();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let mut group = logged(&["a", "b"], &log);
+        let (mut stubborn, _remote) = scripted("stubborn", &live);
+        stubborn.ignore_cancel = true;
+        group.add(Task::builder("c").unit(stubborn).spawn().unwrap());
+        for task in group.tasks() {
+            task.wait_for_stage(|s| s == Stage::Running).await;
+        }
+        let started = tokio::time::Instant::now();
+        let report = group.pause_all(Duration::from_secs(5)).await;
+        assert!(
+            started.elapsed() <= Duration::from_secs(6),
+            "one deadline for all, not one each"
+        );
+        let results: Vec<_> = report
+            .tasks
+            .iter()
+            .map(|t| t.result.as_ref().map_err(|e| e.kind()).copied())
+            .collect();
+        assert_eq!(
+            results,
+            [
+                Ok(Stage::Paused),
+                Ok(Stage::Paused),
+                Err(ErrorKind::Timeout)
+            ]
+        );
+        let stuck: Vec<_> = report.stuck().collect();
+        assert_eq!(stuck.len(), 1, "{report}");
+        assert_eq!(stuck[0].task, "c");
+        assert_eq!(stuck[0].unit, Some((0, "stubborn".to_owned())));
+        assert_eq!(stuck[0].stage, Stage::Pausing);
+        assert!(stuck[0].waited >= Duration::from_secs(5));
+        assert!(
+            report
+                .to_string()
+                .contains("c: stuck in Pausing (unit stubborn)"),
+            "{report}"
+        );
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_all_in_reverse_stops_downstream_first() {
+    support::within("stop_all reverse", support::REAL_BOUND, async {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let group = logged(&["extract", "transform", "load"], &log);
+        let report = group
+            .stop_all(Duration::from_secs(10), StopOrder::ReverseOfAddition)
+            .await;
+        assert!(report.all_reached(Stage::Stopped), "{report}");
+        assert_eq!(*log.lock().unwrap(), ["load", "transform", "extract"]);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_all_at_once_stops_every_task() {
+    support::within("stop_all", support::REAL_BOUND, async {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let group = logged(&["a", "b", "c"], &log);
+        let report = group
+            .stop_all(Duration::from_secs(10), StopOrder::AllAtOnce)
+            .await;
+        assert!(report.all_reached(Stage::Stopped), "{report}");
+        assert_eq!(report.stuck().count(), 0);
+        let mut closed = log.lock().unwrap().clone();
+        closed.sort_unstable();
+        assert_eq!(closed, ["a", "b", "c"]);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn the_merged_stream_carries_every_change_of_every_task_in_order() {
+    support::within("merged events", support::REAL_BOUND, async {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let mut group = TaskGroup::new();
+        for name in ["a", "b"] {
+            let unit = Logs {
+                name,
+                log: Arc::clone(&log),
+            };
+            group.add(Task::builder(name).unit(unit).spawn_paused().unwrap());
+        }
+        let mut events = group.events();
+        let resumed = group.resume_all().await;
+        assert!(resumed.tasks.iter().all(|t| t.result.is_ok()));
+        for task in group.tasks() {
+            task.wait_for_stage(|s| s == Stage::Running).await;
+        }
+        let stopped = group
+            .stop_all(Duration::from_secs(10), StopOrder::AllAtOnce)
+            .await;
+        assert!(stopped.all_reached(Stage::Stopped), "{stopped}");
+        let mut seqs = [0u64; 2];
+        let mut last = [Stage::New; 2];
+        while let Some((index, event)) = events.next().await {
+            let Event::Change(change) = event else {
+                panic!("lag in a short run")
+            };
+            assert_eq!(
+                change.seq,
+                seqs[index] + 1,
+                "task {index} skipped or reordered"
+            );
+            seqs[index] = change.seq;
+            last[index] = change.stage;
+        }
+        assert_eq!(last, [Stage::Stopped; 2]);
+        // Resuming, Running, Stopping, Stopping (closing), Stopped.
+        assert_eq!(seqs, [5, 5]);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn dropping_the_group_stops_its_tasks() {
+    support::within("dropped group", support::REAL_BOUND, async {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let group = logged(&["a", "b"], &log);
+        let mut events = group.events();
+        drop(group);
+        let mut ends = vec![];
+        while let Some((index, event)) = events.next().await {
+            if let Event::Change(change) = event {
+                if change.stage.is_terminal() {
+                    ends.push((index, change.stage));
+                }
+            }
+        }
+        ends.sort_unstable_by_key(|(index, _)| *index);
+        assert_eq!(ends, [(0, Stage::Stopped), (1, Stage::Stopped)]);
+        assert_eq!(log.lock().unwrap().len(), 2, "every unit closed");
+    })
+    .await;
+}
