@@ -6,6 +6,8 @@ cd "$(dirname "$0")/.."
 
 echo "== unit, integration, property, compile-fail, examples, benches (test mode) =="
 cargo test --all-targets
+echo "== the metrics feature (a recording backend checks the values) =="
+cargo test --features metrics --test metrics
 echo "== doc tests =="
 cargo test --doc
 

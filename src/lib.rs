@@ -83,7 +83,12 @@
 //!
 //! # Features
 //!
-//! The crate has no cargo features. One cfg matters: `--cfg taskstage_loom` builds the
+//! - **`metrics`** (off by default): reports tasks per stage, transitions, refused
+//!   commands, pause and stop latencies and auto-resumes through the
+//!   [`metrics`](https://docs.rs/metrics) facade, to whatever recorder the application
+//!   installs. The names and labels are listed in `docs/events.md`.
+//!
+//! One cfg matters too: `--cfg taskstage_loom` builds the
 //! lifecycle core and its driver against `loom`'s sync types for the model tests in
 //! `loom-tests/` (only the core, the driver, the table and the shim are compiled then;
 //! the tokio layers are left out).

@@ -107,10 +107,18 @@ pub trait Runtime: Send + Sync + Sized + 'static {
     fn published(&self, transition: &Transition) {
         let _ = transition;
     }
+    /// Told of every command the table refused, with no lock held.
+    fn refused(&self, error: &Error) {
+        let _ = error;
+    }
+    /// Told once, when the task is dropped, of the stage it was last in.
+    fn retired(&self, stage: crate::stage::Stage) {
+        let _ = stage;
+    }
 }
 
 /// A task: its lifecycle core and the runtime its checks and runs are spawned on.
-pub struct Driver<K, C, U, R> {
+pub struct Driver<K, C, U, R: Runtime> {
     core: Lifecycle<K, C, U>,
     runtime: R,
     /// The generation whose run last started to be polled (pre-fix variant only).
@@ -118,12 +126,18 @@ pub struct Driver<K, C, U, R> {
     installed: crate::sync::AtomicU64,
 }
 
-impl<K, C, U, R: fmt::Debug> fmt::Debug for Driver<K, C, U, R> {
+impl<K, C, U, R: Runtime + fmt::Debug> fmt::Debug for Driver<K, C, U, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Driver")
             .field("core", &self.core)
             .field("runtime", &self.runtime)
             .finish()
+    }
+}
+
+impl<K, C, U, R: Runtime> Drop for Driver<K, C, U, R> {
+    fn drop(&mut self) {
+        self.runtime.retired(self.core.stage_unlocked());
     }
 }
 
@@ -162,7 +176,10 @@ where
     ///
     /// [`Error::Refused`] as [`Lifecycle::command`]; nothing changes then.
     pub fn command(this: &Arc<Self>, command: Command) -> Result<Settle, Error> {
-        let applied = this.core.command(command)?;
+        let applied = this
+            .core
+            .command(command)
+            .inspect_err(|e| this.runtime.refused(e))?;
         Ok(Self::accepted(this, command, applied))
     }
 
@@ -177,7 +194,10 @@ where
         command: Command,
         seq: u64,
     ) -> Result<Settle, Error> {
-        let applied = this.core.command_if_unchanged(command, seq)?;
+        let applied = this
+            .core
+            .command_if_unchanged(command, seq)
+            .inspect_err(|e| this.runtime.refused(e))?;
         Ok(Self::accepted(this, command, applied))
     }
 
@@ -187,7 +207,10 @@ where
     ///
     /// As [`Lifecycle::update`]; nothing changes then.
     pub fn update(this: &Arc<Self>, config: C) -> Result<(), Error> {
-        let applied = this.core.update(config)?;
+        let applied = this
+            .core
+            .update(config)
+            .inspect_err(|e| this.runtime.refused(e))?;
         Self::carry_out(this, applied);
         Ok(())
     }

@@ -306,6 +306,15 @@ impl<K, C, U> fmt::Debug for Lifecycle<K, C, U> {
     }
 }
 
+impl<K, C, U> Lifecycle<K, C, U> {
+    /// The stage, read as [`Lifecycle::stage`] does, for code without the
+    /// [`CancelHandle`] bound (a drop).
+    pub(crate) fn stage_unlocked(&self) -> Stage {
+        // Acquire: pairs with the Release store in `input`.
+        Stage::from_raw(self.stage.load(Ordering::Acquire))
+    }
+}
+
 impl<K: CancelHandle, C, U> Lifecycle<K, C, U> {
     /// A task in stage New with the given units and configuration.
     pub fn new(units: Vec<U>, config: C) -> Self {

@@ -727,6 +727,7 @@ impl<C: Send + Sync + 'static> Inner<C> {
         match handle.resume_if_unchanged(snap.seq).await {
             Ok(()) => {
                 claim.settled = true;
+                crate::runtime::metrics::auto_resumed();
                 if let Some(entry) = lock(&self.state).entries.get_mut(&id) {
                     entry.resumed(generation);
                     tracing::info!(

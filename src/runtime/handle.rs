@@ -570,8 +570,12 @@ async fn settled_within<C: Send + Sync + 'static>(
     settle: Settle,
     timeout: Duration,
 ) -> Result<Stage, Error> {
+    let accepted = tokio::time::Instant::now();
     match tokio::time::timeout(timeout, shared.core().settled(settle)).await {
-        Ok(stage) => Ok(stage),
+        Ok(stage) => {
+            super::metrics::settled(settle.command(), stage, accepted.elapsed());
+            Ok(stage)
+        }
         Err(_) => {
             let snapshot = shared.core().snapshot();
             match settle.reached(snapshot.stage, snapshot.generation) {
@@ -594,15 +598,20 @@ async fn stop_settled<C: Send + Sync + 'static>(
 ) -> Result<Stage, Error> {
     // Stopped is published only once every unit's close has returned (invariant 9),
     // so settling is all there is to wait for.
+    let accepted = tokio::time::Instant::now();
+    let settled = |stage: Stage| {
+        super::metrics::settled(Command::Stop, stage, accepted.elapsed());
+        Ok(stage)
+    };
     match tokio::time::timeout(grace, shared.core().settled(settle)).await {
-        Ok(stage) => Ok(stage),
+        Ok(stage) => settled(stage),
         Err(_) => {
             // Invariant 8: escalate, and still report Stopped only when the aborted
             // future is gone and the units are closed.
             tracing::warn!(parent: &shared.runtime().span, ?grace, "run ignored cancellation; aborting");
             shared.abort(settle.generation());
             match tokio::time::timeout(grace, shared.core().settled(settle)).await {
-                Ok(stage) => Ok(stage),
+                Ok(stage) => settled(stage),
                 Err(_) => Err(Error::Timeout {
                     command: Command::Stop,
                     stage: shared.core().stage(),

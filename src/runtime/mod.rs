@@ -11,6 +11,7 @@ mod builder;
 mod events;
 mod group;
 mod handle;
+pub(crate) mod metrics;
 mod shared;
 mod unit;
 

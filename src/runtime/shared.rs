@@ -176,6 +176,7 @@ pub(crate) fn new_task<C: Send + Sync + 'static>(
         runtime,
         span,
     };
+    super::metrics::created();
     Driver::new(Lifecycle::with_shared_config(held, config), tokio)
 }
 
@@ -187,7 +188,16 @@ impl Runtime for Tokio {
         );
     }
 
+    fn refused(&self, error: &crate::error::Error) {
+        super::metrics::refused(error.command(), error.stage());
+    }
+
+    fn retired(&self, stage: crate::stage::Stage) {
+        super::metrics::retired(stage);
+    }
+
     fn published(&self, t: &Transition) {
+        super::metrics::transition(t.from, t.to);
         tracing::info!(
             parent: &self.span,
             from = %t.from,
