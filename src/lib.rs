@@ -125,3 +125,8 @@ pub use typestate::Task;
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
+
+/// The code blocks of `docs/events.md`, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/events.md")]
+struct EventsDoctests;
