@@ -27,6 +27,9 @@ pub struct TaskStatus {
     pub owner: Option<WorkerId>,
     /// The owner key's create revision (the current fence token), if owned.
     pub owner_revision: Option<i64>,
+    /// The owner's lease, if owned. An owner that crashed stays the owner until
+    /// the store expires this lease (at most its TTL later).
+    pub owner_lease: Option<i64>,
     /// The last status an owner published, if any.
     pub observed: Option<ObservedStatus>,
     /// The store's revision of this read.
@@ -408,15 +411,14 @@ impl Controller {
             })?;
         let owner_key = self.keys.owner(task);
         let owner = match listing.get(&owner_key) {
-            Some(kv) => Some((
-                parse_owner_value(&kv.value)
-                    .ok_or_else(|| ClusterError::Corrupt {
+            Some(kv) => {
+                let (worker, lease) =
+                    parse_owner_value(&kv.value).ok_or_else(|| ClusterError::Corrupt {
                         key: owner_key.clone(),
                         reason: "not worker@lease".into(),
-                    })?
-                    .0,
-                kv.create_revision,
-            )),
+                    })?;
+                Some((worker, kv.create_revision, lease))
+            }
             None => None,
         };
         let observed_key = self.keys.observed(task);
@@ -428,8 +430,9 @@ impl Controller {
             task: task.clone(),
             desired,
             desired_revision: desired_kv.mod_revision,
-            owner: owner.as_ref().map(|(w, _)| w.clone()),
-            owner_revision: owner.map(|(_, r)| r),
+            owner: owner.as_ref().map(|(w, _, _)| w.clone()),
+            owner_revision: owner.as_ref().map(|(_, r, _)| *r),
+            owner_lease: owner.map(|(_, _, l)| l),
             observed,
             revision: listing.revision,
         })

@@ -197,6 +197,9 @@ impl WorkerBuilder {
             keep_alive_every: self.keep_alive_every(rho),
         };
         let first = decide::stop_at(0, timing.ttl_ms, rho, timing.stop_bound_ms);
+        // The sender lives in `Inner`, as long as any loop: a receiver's `changed()`
+        // then never fails at once (which would turn the reconcile loop's wait
+        // into a spin after the session ended).
         let (lease_tx, lease_rx) = watch::channel(LeaseState {
             stop_at: Some(first),
         });
@@ -215,14 +218,9 @@ impl WorkerBuilder {
             factory: Box::new(factory),
             wake: Arc::new(Notify::new()),
             view: Mutex::new(BTreeMap::new()),
-            lease_rx: lease_rx.clone(),
+            lease_state: lease_tx,
         });
-        let session = tokio::spawn(Session::run(
-            Arc::clone(&inner),
-            timing,
-            lease_tx,
-            shutdown.clone(),
-        ));
+        let session = tokio::spawn(Session::run(Arc::clone(&inner), timing, shutdown.clone()));
         let reconcile = tokio::spawn(reconcile(Arc::clone(&inner), lease_rx, shutdown.clone()));
         tracing::info!(worker = %id, lease = grant.id, ?ttl, "joined");
         Ok(Worker {
@@ -266,7 +264,8 @@ struct Inner {
     /// What the worker holds, for [`Worker::tasks`]; written by the reconcile loop
     /// only, never held across an await.
     view: Mutex<BTreeMap<TaskId, Held>>,
-    lease_rx: watch::Receiver<LeaseState>,
+    /// The lease deadline: written by the session only.
+    lease_state: watch::Sender<LeaseState>,
 }
 
 #[derive(Clone)]
@@ -297,12 +296,8 @@ impl Inner {
 struct Session;
 
 impl Session {
-    async fn run(
-        inner: Arc<Inner>,
-        timing: Timing,
-        lease_tx: watch::Sender<LeaseState>,
-        shutdown: CancellationToken,
-    ) {
+    async fn run(inner: Arc<Inner>, timing: Timing, shutdown: CancellationToken) {
+        let lease_tx = &inner.lease_state;
         let mut ticker = tokio::time::interval(timing.keep_alive_every);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -414,7 +409,7 @@ impl Worker {
     /// When the worker will begin stopping its runs unless a keep-alive is answered;
     /// `None` once the lease is gone.
     pub fn stop_deadline(&self) -> Option<Instant> {
-        let state = *self.inner.lease_rx.borrow();
+        let state = *self.inner.lease_state.borrow();
         state.stop_at.map(|ms| self.inner.at(ms))
     }
 
