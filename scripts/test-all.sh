@@ -24,4 +24,4 @@ echo "== cluster (--features etcd): unit, property, model, doc and etcd integrat
 bash scripts/etcd-setup.sh
 cargo test --features etcd --lib cluster::
 cargo test --features etcd --doc cluster
-cargo test --features etcd --test cluster_prop --test cluster_etcd
+cargo test --features etcd --test cluster_prop --test cluster_model --test cluster_etcd -- --nocapture

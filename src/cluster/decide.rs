@@ -25,6 +25,9 @@
 //!    never names a stage that a command of the same step is about to change.
 //! 4. **One attempt per desired revision.** A run that failed for a desired revision
 //!    is not restarted for the same revision: its failure is published instead.
+//! 5. **No stuck owner.** A local task that a fence stopped while the key stayed
+//!    this worker's is dropped and built again, not kept Stopped under a desired
+//!    stage that asks for more (the stateright model found this one).
 
 use crate::stage::Stage;
 
@@ -171,6 +174,11 @@ pub fn decide(view: &TaskView) -> Option<Action> {
     }
 
     let (desired, revision) = view.desired?;
+    if local.stage == Stage::Stopped && desired != DesiredStage::Stopped {
+        // Stopped by a fence, and the lease came back: a stopped task cannot run
+        // again, so forget it; the next step builds it anew (invariant 5).
+        return Some(Action::Drop);
+    }
     let command = match desired {
         DesiredStage::Running => match local.stage {
             Stage::New => Some(Action::Resume { revision }),
@@ -342,6 +350,15 @@ mod tests {
     }
 
     #[test]
+    fn a_task_stopped_by_a_fence_is_rebuilt_once_the_lease_is_back() {
+        let mut v = view();
+        v.local = local(Stage::Stopped);
+        assert_eq!(decide(&v), Some(Action::Drop));
+        v.local = None;
+        assert_eq!(decide(&v), Some(Action::Build));
+    }
+
+    #[test]
     fn desired_stopped_stops_publishes_then_releases() {
         let mut v = view();
         v.desired = Some((DesiredStage::Stopped, 12));
@@ -374,6 +391,9 @@ mod tests {
                 v.desired = Some((desired, 20));
                 v.acted = None;
                 match decide(&v) {
+                    Some(Action::Drop) => {
+                        assert!(stage == Stage::Stopped && desired != DesiredStage::Stopped)
+                    }
                     Some(Action::Publish(r)) => assert_eq!(r.stage, stage),
                     Some(Action::Resume { .. }) => {
                         assert!(matches!(stage, Stage::New | Stage::Paused))
