@@ -81,3 +81,8 @@ pub use self::fence::{FenceToken, Fencer};
 pub use self::keys::{DesiredStage, ObservedOutcome, ObservedStatus, TaskId, WorkerId, MAX_ID_LEN};
 pub use self::memory::MemoryCoordinator;
 pub use self::worker::{FactoryError, TaskSpec, Worker, WorkerBuilder, MIN_TTL};
+
+/// The code blocks of `docs/cluster.md`, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/cluster.md")]
+struct ClusterDocDoctests;
