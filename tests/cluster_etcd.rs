@@ -335,6 +335,66 @@ async fn losing_an_etcd_member_moves_the_worker_to_another() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_etcd_member_is_left_behind_on_timeouts() {
+    let Some(mut cluster) = EtcdCluster::start_or_skip(3) else {
+        return;
+    };
+    let shared = SharedProbes::default();
+    let worker_coord = connect(&cluster).await;
+    let w1 = Worker::builder(worker_coord.clone(), PREFIX, "w1")
+        .ttl(Duration::from_secs(2))
+        .stop_bound(Duration::from_millis(600))
+        .resync(Duration::from_millis(200))
+        .join(counters("w1", &shared))
+        .await
+        .unwrap();
+    let controller = Controller::new(
+        EtcdCoordinator::connect(
+            cluster.endpoints().into_iter().rev(),
+            EtcdOptions::default(),
+        )
+        .await
+        .unwrap(),
+        PREFIX,
+    )
+    .unwrap();
+    controller
+        .create("tail", Vec::new(), DesiredStage::Running)
+        .await
+        .unwrap();
+    controller.resume_within("tail", WAIT).await.unwrap();
+    let used = worker_coord.current_endpoint().to_owned();
+    let member = cluster.member_of(&used).unwrap();
+    // The member answers nothing and closes nothing: only deadlines reveal it.
+    cluster.freeze_member(member);
+    let frozen = Instant::now();
+    eventually(WAIT, "the worker leaving the frozen member", || {
+        let moved = worker_coord.current_endpoint() != used;
+        async move { moved.then_some(()) }
+    })
+    .await;
+    eprintln!("left a frozen member after {:?}", frozen.elapsed());
+    // A frozen leader means an election, and w1 may have had to fence itself or
+    // even lose its lease meanwhile: a second worker can take over then. Either
+    // way the task answers again, with one run at most.
+    let w2 = join(&cluster, "w2", &shared).await;
+    let paused = controller.pause_within("tail", WAIT).await;
+    let paused = paused.unwrap_or_else(|e| panic!("no pause answer after the freeze: {e}"));
+    assert!(
+        !paused.stage.run_may_be_alive(),
+        "paused in {}",
+        paused.stage
+    );
+    let resumed = controller.resume_within("tail", WAIT).await;
+    let resumed = resumed.unwrap_or_else(|e| panic!("no resume answer after the freeze: {e}"));
+    assert_eq!(resumed.stage, Stage::Running);
+    assert_eq!(alive(&shared, "tail"), 1);
+    no_overlaps(&shared);
+    let _ = w1.shutdown().await;
+    let _ = w2.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_etcd_is_a_typed_error_and_nothing_starts() {
     // Nothing listens: connecting fails fast with a typed error.
     let started = Instant::now();

@@ -240,7 +240,17 @@ impl EtcdCoordinator {
                     continue;
                 }
             };
-            match tokio::time::timeout(self.inner.options.op_timeout, call(client)).await {
+            // A caller that gives up on this call (its own deadline, shorter than
+            // ours) while the member has not answered also moves us on.
+            let mut attempt = Attempt {
+                coordinator: self,
+                index,
+                started: tokio::time::Instant::now(),
+                settled: false,
+            };
+            let answer = tokio::time::timeout(self.inner.options.op_timeout, call(client)).await;
+            attempt.settled = true;
+            match answer {
                 Ok(Ok(value)) => return Ok(value),
                 Ok(Err(error)) if is_unavailable(&error) => {
                     last = format!("{}: {error}", self.inner.endpoints[index]);
@@ -262,6 +272,27 @@ impl EtcdCoordinator {
             }
         }
         Err(ClusterError::Unreachable { op, detail: last })
+    }
+}
+
+/// One call to one member; dropped unsettled (the caller gave up) after waiting a
+/// while, it counts as that member's failure.
+struct Attempt<'a> {
+    coordinator: &'a EtcdCoordinator,
+    index: usize,
+    started: tokio::time::Instant,
+    settled: bool,
+}
+
+/// How long a member may keep a call waiting before a caller's giving up on it
+/// counts against the member.
+const SUSPECT_AFTER: Duration = Duration::from_millis(200);
+
+impl Drop for Attempt<'_> {
+    fn drop(&mut self) {
+        if !self.settled && self.started.elapsed() >= SUSPECT_AFTER {
+            self.coordinator.failed(self.index);
+        }
     }
 }
 

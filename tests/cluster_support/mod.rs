@@ -180,6 +180,14 @@ impl EtcdCluster {
         }
     }
 
+    /// Freezes member `i` (SIGSTOP): it keeps its connections open and answers
+    /// nothing, as a hung machine would. The guard thaws it before stopping it.
+    pub(crate) fn freeze_member(&mut self, i: usize) {
+        if let Some(child) = &self.members[i].child {
+            signal(child, "-STOP");
+        }
+    }
+
     /// The index of the member with this client URL.
     pub(crate) fn member_of(&self, url: &str) -> Option<usize> {
         self.members.iter().position(|m| m.client_url == url)
@@ -205,11 +213,8 @@ impl EtcdCluster {
     fn stop_all(&mut self) {
         for member in &self.members {
             if let Some(child) = &member.child {
-                let _ = Command::new("kill")
-                    .args(["-TERM", &child.id().to_string()])
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .status();
+                signal(child, "-CONT");
+                signal(child, "-TERM");
             }
         }
         let deadline = Instant::now() + Duration::from_secs(3);
@@ -240,6 +245,15 @@ impl Drop for EtcdCluster {
         self.stop_all();
         remove_dir(&self.dir);
     }
+}
+
+/// Sends a signal to a child by pid, through `kill(1)`.
+fn signal(child: &Child, which: &str) {
+    let _ = Command::new("kill")
+        .args([which, &child.id().to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
 }
 
 fn remove_dir(dir: &Path) {
