@@ -176,6 +176,7 @@ async fn a_killed_worker_is_replaced_and_the_new_owner_resumes_from_the_checkpoi
     let w3 = join(&cluster, "w3", &shared).await;
     let left = Instant::now();
     w2.shutdown().await.unwrap();
+    let before = checkpoint(&coord, "copy").await;
     eventually(WAIT, "w3 running the task", || {
         let controller = controller.clone();
         async move {
@@ -187,6 +188,17 @@ async fn a_killed_worker_is_replaced_and_the_new_owner_resumes_from_the_checkpoi
     })
     .await;
     eprintln!("takeover after a clean shutdown in {:?}", left.elapsed());
+    let starts = probes(&shared)
+        .starts
+        .get("copy")
+        .cloned()
+        .unwrap_or_default();
+    let (worker, from) = starts.last().cloned().unwrap();
+    assert_eq!(worker, "w3");
+    assert!(
+        from >= before,
+        "w3 started from {from}, below the checkpoint {before}"
+    );
     assert_eq!(alive(&shared, "copy"), 1);
     no_overlaps(&shared);
     w3.shutdown().await.unwrap();

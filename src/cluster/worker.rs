@@ -176,7 +176,9 @@ impl WorkerBuilder {
         let op_timeout = self.op_timeout;
         let sent = Instant::now();
         let grant = within(op_timeout, "lease grant", self.coord.grant(self.ttl)).await?;
-        let ttl = grant.ttl.min(self.ttl.max(grant.ttl));
+        // The store may raise the TTL it was asked for; the smaller of the two is
+        // the one the deadline may trust either way.
+        let ttl = grant.ttl.min(self.ttl);
         let register = Txn {
             when: vec![],
             then: vec![Op::Put {
