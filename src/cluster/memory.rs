@@ -15,7 +15,10 @@ use super::error::ClusterError;
 /// An in-memory store with etcd's revisions, transactions and leases.
 ///
 /// Leases expire on tokio's clock (so tests under a paused clock control time), at
-/// `last keep-alive received + TTL`, like etcd's. It serves the property tests of the
+/// `last keep-alive received + TTL`, like etcd's. Every call yields to the runtime
+/// once before it takes effect, as a round trip would, so that other tasks can act
+/// between a read and the write decided from it; the effect and the answer then
+/// come together. It serves the property tests of the
 /// worker, and users' own tests; faults can be injected: an unreachable store,
 /// keep-alives that fail, a lease that expires early.
 ///
@@ -207,123 +210,135 @@ impl State {
 
 impl Coordinator for MemoryCoordinator {
     fn grant(&self, ttl: Duration) -> BoxFuture<'_, Result<Grant, ClusterError>> {
-        let result = self.with("grant", |state| {
-            let id = state.next_lease;
-            state.next_lease += 1;
-            // etcd rounds to whole seconds, and never grants less than it was asked.
-            let ttl = Duration::from_secs(ttl.as_secs().max(1) + u64::from(ttl.subsec_nanos() > 0));
-            state.leases.insert(
-                id,
-                LeaseEntry {
-                    ttl,
-                    expires: Instant::now() + ttl,
-                },
-            );
-            Ok(Grant { id, ttl })
-        });
-        Box::pin(async move { result })
+        Box::pin(async move {
+            // Like a round trip: other tasks run between the call and its effect.
+            tokio::task::yield_now().await;
+            self.with("grant", |state| {
+                let id = state.next_lease;
+                state.next_lease += 1;
+                // etcd rounds to whole seconds, and never grants less than it was asked.
+                let ttl =
+                    Duration::from_secs(ttl.as_secs().max(1) + u64::from(ttl.subsec_nanos() > 0));
+                state.leases.insert(
+                    id,
+                    LeaseEntry {
+                        ttl,
+                        expires: Instant::now() + ttl,
+                    },
+                );
+                Ok(Grant { id, ttl })
+            })
+        })
     }
 
     fn keep_alive(&self, lease: i64) -> BoxFuture<'_, Result<KeepAlive, ClusterError>> {
-        let result = self.with("keep-alive", |state| {
-            if state.failing_keep_alives.contains(&lease) {
-                return Err(ClusterError::Unreachable {
-                    op: "keep-alive",
-                    detail: "keep-alives of this lease are set to fail".into(),
-                });
-            }
-            Ok(match state.leases.get_mut(&lease) {
-                Some(entry) => {
-                    entry.expires = Instant::now() + entry.ttl;
-                    KeepAlive::Alive { ttl: entry.ttl }
+        Box::pin(async move {
+            tokio::task::yield_now().await;
+            self.with("keep-alive", |state| {
+                if state.failing_keep_alives.contains(&lease) {
+                    return Err(ClusterError::Unreachable {
+                        op: "keep-alive",
+                        detail: "keep-alives of this lease are set to fail".into(),
+                    });
                 }
-                None => KeepAlive::Expired,
+                Ok(match state.leases.get_mut(&lease) {
+                    Some(entry) => {
+                        entry.expires = Instant::now() + entry.ttl;
+                        KeepAlive::Alive { ttl: entry.ttl }
+                    }
+                    None => KeepAlive::Expired,
+                })
             })
-        });
-        Box::pin(async move { result })
+        })
     }
 
     fn revoke(&self, lease: i64) -> BoxFuture<'_, Result<(), ClusterError>> {
-        let result = self.with("revoke", |state| {
-            state.drop_lease(lease);
-            Ok(())
-        });
-        Box::pin(async move { result })
+        Box::pin(async move {
+            tokio::task::yield_now().await;
+            self.with("revoke", |state| {
+                state.drop_lease(lease);
+                Ok(())
+            })
+        })
     }
 
     fn list(&self, prefix: String) -> BoxFuture<'_, Result<Listing, ClusterError>> {
-        let result = self.with("list", |state| {
-            Ok(Listing {
-                revision: state.revision,
-                kvs: state
-                    .kvs
-                    .range(prefix.clone()..)
-                    .take_while(|(k, _)| k.starts_with(&prefix))
-                    .map(|(_, kv)| kv.clone())
-                    .collect(),
+        Box::pin(async move {
+            tokio::task::yield_now().await;
+            self.with("list", |state| {
+                Ok(Listing {
+                    revision: state.revision,
+                    kvs: state
+                        .kvs
+                        .range(prefix.clone()..)
+                        .take_while(|(k, _)| k.starts_with(&prefix))
+                        .map(|(_, kv)| kv.clone())
+                        .collect(),
+                })
             })
-        });
-        Box::pin(async move { result })
+        })
     }
 
     fn txn(&self, txn: Txn) -> BoxFuture<'_, Result<TxnResult, ClusterError>> {
-        let result = self.with("txn", |state| {
-            if !txn.when.iter().all(|c| state.holds(c)) {
-                return Ok(TxnResult {
-                    succeeded: false,
-                    revision: state.revision,
-                });
-            }
-            for op in &txn.then {
-                if let Op::Put {
-                    lease: Some(lease), ..
-                } = op
-                {
-                    if !state.leases.contains_key(lease) {
-                        return Err(ClusterError::Store {
-                            op: "txn",
-                            detail: format!("requested lease {lease:x} not found"),
-                        });
+        Box::pin(async move {
+            tokio::task::yield_now().await;
+            self.with("txn", |state| {
+                if !txn.when.iter().all(|c| state.holds(c)) {
+                    return Ok(TxnResult {
+                        succeeded: false,
+                        revision: state.revision,
+                    });
+                }
+                for op in &txn.then {
+                    if let Op::Put {
+                        lease: Some(lease), ..
+                    } = op
+                    {
+                        if !state.leases.contains_key(lease) {
+                            return Err(ClusterError::Store {
+                                op: "txn",
+                                detail: format!("requested lease {lease:x} not found"),
+                            });
+                        }
                     }
                 }
-            }
-            if txn.then.is_empty() {
-                return Ok(TxnResult {
+                if txn.then.is_empty() {
+                    return Ok(TxnResult {
+                        succeeded: true,
+                        revision: state.revision,
+                    });
+                }
+                state.revision += 1;
+                let revision = state.revision;
+                for op in txn.then {
+                    match op {
+                        Op::Put { key, value, lease } => {
+                            let create_revision = state
+                                .kvs
+                                .get(&key)
+                                .map_or(revision, |kv| kv.create_revision);
+                            state.kvs.insert(
+                                key.clone(),
+                                KeyValue {
+                                    key,
+                                    value,
+                                    create_revision,
+                                    mod_revision: revision,
+                                    lease: lease.unwrap_or(0),
+                                },
+                            );
+                        }
+                        Op::Delete { key } => {
+                            state.kvs.remove(&key);
+                        }
+                    }
+                }
+                Ok(TxnResult {
                     succeeded: true,
-                    revision: state.revision,
-                });
-            }
-            state.revision += 1;
-            let revision = state.revision;
-            for op in txn.then {
-                match op {
-                    Op::Put { key, value, lease } => {
-                        let create_revision = state
-                            .kvs
-                            .get(&key)
-                            .map_or(revision, |kv| kv.create_revision);
-                        state.kvs.insert(
-                            key.clone(),
-                            KeyValue {
-                                key,
-                                value,
-                                create_revision,
-                                mod_revision: revision,
-                                lease: lease.unwrap_or(0),
-                            },
-                        );
-                    }
-                    Op::Delete { key } => {
-                        state.kvs.remove(&key);
-                    }
-                }
-            }
-            Ok(TxnResult {
-                succeeded: true,
-                revision,
+                    revision,
+                })
             })
-        });
-        Box::pin(async move { result })
+        })
     }
 
     fn wait_change(
