@@ -77,12 +77,11 @@
 //! - `etcd` (off by default): the `cluster` module, one run of a task anywhere in a
 //!   cluster of workers coordinated through etcd, with leases and fencing (its
 //!   `Controller` and `Worker`; design and safety argument in `docs/cluster.md`). It
-//!   pulls in
-//!   the `etcd-client` crate, whose build needs `protoc` (Debian:
+//!   pulls in the `etcd-client` crate, whose build needs `protoc` (Debian:
 //!   `protobuf-compiler` and `libprotobuf-dev`); its integration tests need an `etcd`
 //!   binary. The default build needs neither.
 //!
-//! One cfg matters: `--cfg taskstage_loom` builds the
+//! One cfg matters as well: `--cfg taskstage_loom` builds the
 //! lifecycle core against `loom`'s sync types for the model tests in `loom-tests/`
 //! (only the core, table and shim are compiled then; the tokio layers are left out).
 //! It is namespaced so that building for loom changes no other crate.
