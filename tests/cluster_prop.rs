@@ -21,7 +21,11 @@
 //! current owner must answer its desired revision within 60 s of virtual time, and
 //! exactly one run must be alive for each task desired Running, none otherwise.
 //!
-//! 128 cases by default (about 3 s); `PROPTEST_CASES` overrides. Each case must end
+//! 128 cases by default (about 3 s); `PROPTEST_CASES` overrides.
+//!
+//! One plain test beside them: a pause nobody can answer, and one stuck on a run
+//! that ignores cancellation, time out with an error naming the task, its owner and
+//! the stage it is stuck in; a stop then escalates to abort and is answered. Each case must end
 //! within 30 s of real time.
 
 use std::collections::HashMap;
@@ -398,4 +402,71 @@ proptest! {
             .unwrap_or_else(|_| Err("the case ran 30 s of real time: a loop spins".into()));
         prop_assert!(result.is_ok(), "{}", result.unwrap_err());
     }
+}
+
+/// A unit that never returns, whatever it is asked.
+struct Stubborn;
+
+impl Unit for Stubborn {
+    async fn run(&mut self, _ctx: RunContext) -> Result<RunExit, RunError> {
+        std::future::pending::<()>().await;
+        Ok(RunExit::Completed)
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pause_that_cannot_be_answered_times_out_naming_the_task_owner_and_stage() {
+    let store = MemoryCoordinator::new();
+    let controller = Controller::new(store.clone(), PREFIX).unwrap();
+    controller
+        .create("stuck", Vec::new(), DesiredStage::Running)
+        .await
+        .unwrap();
+    // Nobody owns it yet.
+    let error = controller
+        .pause_within("stuck", Duration::from_secs(1))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&error, ClusterError::Timeout { command: "pause", task, owner: None, stage: None, .. } if task.as_str() == "stuck"),
+        "{error}"
+    );
+
+    // Owned by a worker whose run ignores cancellation: the pause is stuck in Pausing.
+    let worker = Worker::builder(store.clone(), PREFIX, "w1")
+        .ttl(Duration::from_secs(2))
+        .join(|spec: TaskSpec| Ok(Task::builder(spec.task.as_str()).unit(Stubborn)))
+        .await
+        .unwrap();
+    controller
+        .resume_within("stuck", Duration::from_secs(5))
+        .await
+        .unwrap();
+    let error = controller
+        .pause_within("stuck", Duration::from_secs(3))
+        .await
+        .unwrap_err();
+    match &error {
+        ClusterError::Timeout {
+            owner: Some(owner),
+            stage: Some(stage),
+            ..
+        } => {
+            assert_eq!(owner.as_str(), "w1");
+            assert_eq!(*stage, taskstage::Stage::Pausing);
+        }
+        other => panic!("not a timeout naming the owner and the stage: {other}"),
+    }
+    let text = error.to_string();
+    assert!(
+        text.contains("stuck") && text.contains("w1") && text.contains("Pausing"),
+        "{text}"
+    );
+    // A stop escalates to abort: the run goes, and the stop is answered.
+    let stopped = controller
+        .stop_within("stuck", Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(stopped.stage, taskstage::Stage::Stopped);
+    worker.shutdown().await.unwrap();
 }
