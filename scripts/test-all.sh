@@ -18,3 +18,12 @@ echo "== loom models (--cfg taskstage_loom, release) =="
 # are exhaustive; three-party models: 3, and their comments say why).
 RUSTFLAGS="--cfg taskstage_loom" CARGO_TARGET_DIR=target/loom \
   cargo test --release --test loom -- --test-threads=1 --nocapture
+
+echo "== cluster (--features etcd): unit, property, model, doc and etcd integration tests =="
+# Installs protoc and etcd when missing (or fails saying what to install). The
+# integration tests start their own 3-member etcd on 127.0.0.1; under CI=true a
+# missing etcd binary fails them instead of skipping.
+bash scripts/etcd-setup.sh
+cargo test --features etcd --lib cluster::
+cargo test --features etcd --doc cluster
+cargo test --features etcd --test cluster_prop --test cluster_model --test cluster_etcd -- --nocapture

@@ -87,6 +87,12 @@
 //!   commands, pause and stop latencies and auto-resumes through the
 //!   [`metrics`](https://docs.rs/metrics) facade, to whatever recorder the application
 //!   installs. The names and labels are listed in `docs/events.md`.
+//! - **`etcd`** (off by default): the `cluster` module, one run of a task anywhere in
+//!   a cluster of workers coordinated through etcd, with leases and fencing (its
+//!   `Controller` and `Worker`; design and safety argument in `docs/cluster.md`). It
+//!   pulls in the `etcd-client` crate, whose build needs `protoc` (Debian:
+//!   `protobuf-compiler` and `libprotobuf-dev`); its integration tests need an `etcd`
+//!   binary. The default build needs neither.
 //!
 //! One cfg matters too: `--cfg taskstage_loom` builds the
 //! lifecycle core and its driver against `loom`'s sync types for the model tests in
@@ -96,6 +102,8 @@
 #![forbid(unsafe_code)]
 #![doc(test(attr(deny(warnings))))]
 
+#[cfg(all(feature = "etcd", not(taskstage_loom)))]
+pub mod cluster;
 pub mod error;
 pub mod lifecycle;
 pub mod outcome;

@@ -1,0 +1,536 @@
+//! The controller: creates tasks, sets their desired stage, waits for the answer.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::coord::{Compare, Coordinator, Listing, Op, Txn};
+use super::error::ClusterError;
+use super::fence::within;
+use super::keys::{parse_owner_value, DesiredStage, Keys, ObservedStatus, TaskId, WorkerId};
+
+/// How long [`Controller::pause`], [`Controller::resume`] and [`Controller::stop`]
+/// wait for the owner's answer, unless told otherwise.
+pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A task's state in the store, read at one revision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskStatus {
+    /// The task.
+    pub task: TaskId,
+    /// The desired stage.
+    pub desired: DesiredStage,
+    /// The desired stage's revision (the revision of its last write).
+    pub desired_revision: i64,
+    /// The current owner, if a worker holds the task.
+    pub owner: Option<WorkerId>,
+    /// The owner key's create revision (the current fence token), if owned.
+    pub owner_revision: Option<i64>,
+    /// The owner's lease, if owned. An owner that crashed stays the owner until
+    /// the store expires this lease (at most its TTL later).
+    pub owner_lease: Option<i64>,
+    /// The last status an owner published, if any.
+    pub observed: Option<ObservedStatus>,
+    /// The store's revision of this read.
+    pub revision: i64,
+}
+
+impl TaskStatus {
+    /// The observed status if the *current* owner wrote it, or, for a task nobody
+    /// owns, if it is terminal (a released task: nothing of it runs anywhere).
+    pub fn current_observed(&self) -> Option<&ObservedStatus> {
+        let observed = self.observed.as_ref()?;
+        match (&self.owner, self.owner_revision) {
+            (Some(owner), Some(rev)) => {
+                (observed.owner == *owner && observed.owner_revision == rev).then_some(observed)
+            }
+            _ => observed.stage.is_terminal().then_some(observed),
+        }
+    }
+
+    /// Whether the current owner's report answers desired revision `revision`.
+    pub fn answers(&self, revision: i64) -> bool {
+        self.desired_revision == revision
+            && self.current_observed().is_some_and(|o| {
+                o.desired_revision >= revision
+                    && self.desired.answered_by(o.stage, o.outcome.is_failed())
+            })
+    }
+}
+
+/// Writes desired stages and reads observed ones.
+///
+/// Cheap to clone. Every write is a transaction; bad input is refused before
+/// anything is written.
+#[derive(Clone)]
+pub struct Controller {
+    coord: Arc<dyn Coordinator>,
+    keys: Keys,
+    op_timeout: Duration,
+    poll: Duration,
+}
+
+impl std::fmt::Debug for Controller {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Controller")
+            .field("keys", &self.keys)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Controller {
+    /// A controller of the tasks under `prefix`.
+    ///
+    /// # Errors
+    ///
+    /// [`ClusterError::InvalidPrefix`] for an empty prefix or one with whitespace.
+    pub fn new(coordinator: impl Coordinator, prefix: &str) -> Result<Self, ClusterError> {
+        Ok(Controller {
+            coord: Arc::new(coordinator),
+            keys: Keys::new(prefix)?,
+            op_timeout: Duration::from_secs(2),
+            poll: Duration::from_millis(250),
+        })
+    }
+
+    /// Creates a task with its spec and initial desired stage (any of the three).
+    ///
+    /// Returns the revision of the desired stage.
+    ///
+    /// # Errors
+    ///
+    /// [`ClusterError::InvalidTaskId`] (nothing written), [`ClusterError::TaskExists`],
+    /// [`ClusterError::Unreachable`].
+    ///
+    /// # Cancel safety
+    ///
+    /// A dropped call may still be applied (like any store write).
+    pub async fn create(
+        &self,
+        task: &str,
+        spec: Vec<u8>,
+        desired: DesiredStage,
+    ) -> Result<i64, ClusterError> {
+        let task = TaskId::new(task)?;
+        let txn = Txn {
+            when: vec![
+                Compare::Absent(self.keys.spec(&task)),
+                Compare::Absent(self.keys.desired(&task)),
+            ],
+            then: vec![
+                Op::Put {
+                    key: self.keys.spec(&task),
+                    value: spec,
+                    lease: None,
+                },
+                Op::Put {
+                    key: self.keys.desired(&task),
+                    value: desired.name().as_bytes().to_vec(),
+                    lease: None,
+                },
+            ],
+        };
+        let result = within(self.op_timeout, "create task", self.coord.txn(txn)).await?;
+        if result.succeeded {
+            Ok(result.revision)
+        } else {
+            Err(ClusterError::TaskExists { task })
+        }
+    }
+
+    /// Sets the desired stage and returns its revision, without waiting.
+    ///
+    /// # Errors
+    ///
+    /// [`ClusterError::InvalidTaskId`], [`ClusterError::NoSuchTask`],
+    /// [`ClusterError::Stopped`] (a stopped task stays stopped),
+    /// [`ClusterError::UnknownDesired`] (the stored stage is unreadable),
+    /// [`ClusterError::Conflict`] (it changed meanwhile), [`ClusterError::Unreachable`].
+    /// Nothing is written on an error.
+    ///
+    /// # Cancel safety
+    ///
+    /// A dropped call may still be applied.
+    pub async fn set_desired(
+        &self,
+        task: &str,
+        desired: DesiredStage,
+    ) -> Result<i64, ClusterError> {
+        self.set(task, desired, "set desired").await
+    }
+
+    async fn set(
+        &self,
+        task: &str,
+        desired: DesiredStage,
+        command: &'static str,
+    ) -> Result<i64, ClusterError> {
+        let task = TaskId::new(task)?;
+        let status = self.status_of(&task).await?;
+        if status.desired == DesiredStage::Stopped && desired != DesiredStage::Stopped {
+            return Err(ClusterError::Stopped { command, task });
+        }
+        let key = self.keys.desired(&task);
+        let txn = Txn {
+            when: vec![Compare::ModRevision(key.clone(), status.desired_revision)],
+            then: vec![Op::Put {
+                key,
+                value: desired.name().as_bytes().to_vec(),
+                lease: None,
+            }],
+        };
+        let result = within(self.op_timeout, "set desired", self.coord.txn(txn)).await?;
+        if result.succeeded {
+            Ok(result.revision)
+        } else {
+            Err(ClusterError::Conflict { command, task })
+        }
+    }
+
+    /// Pauses the task cluster-wide, waiting up to [`DEFAULT_COMMAND_TIMEOUT`]. See
+    /// [`Controller::pause_within`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Controller::pause_within`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Controller::pause_within`].
+    pub async fn pause(&self, task: &str) -> Result<ObservedStatus, ClusterError> {
+        self.pause_within(task, DEFAULT_COMMAND_TIMEOUT).await
+    }
+
+    /// Sets the desired stage to Paused and waits until the task's current owner
+    /// reports that it answers that desired revision: its local run has returned
+    /// (stage Paused, or New / Finished). Returns that report.
+    ///
+    /// # Errors
+    ///
+    /// As [`Controller::set_desired`], and [`ClusterError::Timeout`] naming the
+    /// task, its owner and the stage it last reported when no answer came within
+    /// `timeout` (the desired stage stays Paused).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future after the desired stage is written leaves it written.
+    pub async fn pause_within(
+        &self,
+        task: &str,
+        timeout: Duration,
+    ) -> Result<ObservedStatus, ClusterError> {
+        self.command(task, DesiredStage::Paused, "pause", timeout)
+            .await
+    }
+
+    /// Resumes the task cluster-wide, waiting up to [`DEFAULT_COMMAND_TIMEOUT`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Controller::resume_within`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Controller::pause_within`].
+    pub async fn resume(&self, task: &str) -> Result<ObservedStatus, ClusterError> {
+        self.resume_within(task, DEFAULT_COMMAND_TIMEOUT).await
+    }
+
+    /// Sets the desired stage to Running and waits until the current owner reports
+    /// Running for it (or Finished, or Paused with the failure of the run it started
+    /// for it: see [`DesiredStage::answered_by`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`Controller::pause_within`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Controller::pause_within`].
+    pub async fn resume_within(
+        &self,
+        task: &str,
+        timeout: Duration,
+    ) -> Result<ObservedStatus, ClusterError> {
+        self.command(task, DesiredStage::Running, "resume", timeout)
+            .await
+    }
+
+    /// Stops the task cluster-wide, waiting up to [`DEFAULT_COMMAND_TIMEOUT`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Controller::stop_within`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Controller::pause_within`].
+    pub async fn stop(&self, task: &str) -> Result<ObservedStatus, ClusterError> {
+        self.stop_within(task, DEFAULT_COMMAND_TIMEOUT).await
+    }
+
+    /// Sets the desired stage to Stopped (final) and waits until the owner reports
+    /// Stopped (or Finished) for it.
+    ///
+    /// # Errors
+    ///
+    /// As [`Controller::pause_within`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Controller::pause_within`].
+    pub async fn stop_within(
+        &self,
+        task: &str,
+        timeout: Duration,
+    ) -> Result<ObservedStatus, ClusterError> {
+        self.command(task, DesiredStage::Stopped, "stop", timeout)
+            .await
+    }
+
+    async fn command(
+        &self,
+        task: &str,
+        desired: DesiredStage,
+        command: &'static str,
+        timeout: Duration,
+    ) -> Result<ObservedStatus, ClusterError> {
+        let started = Instant::now();
+        let deadline = started + timeout;
+        let revision = self.set(task, desired, command).await?;
+        let task = TaskId::new(task)?;
+        self.wait_answer(&task, revision, command, started, deadline)
+            .await
+    }
+
+    /// Waits until the current owner's report answers desired revision `revision`.
+    ///
+    /// # Errors
+    ///
+    /// [`ClusterError::Timeout`] at `timeout`; errors of [`Controller::status`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    pub async fn wait_for_revision(
+        &self,
+        task: &str,
+        revision: i64,
+        timeout: Duration,
+    ) -> Result<ObservedStatus, ClusterError> {
+        let task = TaskId::new(task)?;
+        let started = Instant::now();
+        self.wait_answer(&task, revision, "wait", started, started + timeout)
+            .await
+    }
+
+    async fn wait_answer(
+        &self,
+        task: &TaskId,
+        revision: i64,
+        command: &'static str,
+        started: Instant,
+        deadline: Instant,
+    ) -> Result<ObservedStatus, ClusterError> {
+        // Bounded: every turn waits at most `poll`, and the loop ends at `deadline`.
+        let mut last: Option<TaskStatus> = None;
+        loop {
+            match self.status_of(task).await {
+                Ok(status) => {
+                    if status.answers(revision) {
+                        if let Some(observed) = status.current_observed() {
+                            return Ok(observed.clone());
+                        }
+                    }
+                    last = Some(status);
+                }
+                Err(error @ ClusterError::Unreachable { .. }) => {
+                    tracing::debug!(%task, %error, "status read failed; retrying");
+                }
+                Err(error) => return Err(error),
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(ClusterError::Timeout {
+                    command,
+                    task: task.clone(),
+                    owner: last.as_ref().and_then(|s| s.owner.clone()),
+                    stage: last
+                        .as_ref()
+                        .and_then(|s| s.current_observed().map(|o| o.stage)),
+                    waited: now - started,
+                });
+            }
+            let after = last.as_ref().map_or(0, |s| s.revision);
+            let wait = self.poll.min(deadline - now);
+            let _ = self
+                .coord
+                .wait_change(self.keys.task_dir(task), after, wait)
+                .await;
+        }
+    }
+
+    /// The task's desired stage, owner and observed status, read at one revision.
+    ///
+    /// # Errors
+    ///
+    /// [`ClusterError::InvalidTaskId`], [`ClusterError::NoSuchTask`],
+    /// [`ClusterError::UnknownDesired`] / [`ClusterError::Corrupt`] for values that
+    /// cannot be decoded, [`ClusterError::Unreachable`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    pub async fn status(&self, task: &str) -> Result<TaskStatus, ClusterError> {
+        let task = TaskId::new(task)?;
+        self.status_of(&task).await
+    }
+
+    async fn status_of(&self, task: &TaskId) -> Result<TaskStatus, ClusterError> {
+        let listing = within(
+            self.op_timeout,
+            "read task",
+            self.coord.list(self.keys.task_dir(task)),
+        )
+        .await?;
+        self.decode(task, &listing)
+    }
+
+    fn decode(&self, task: &TaskId, listing: &Listing) -> Result<TaskStatus, ClusterError> {
+        let desired_key = self.keys.desired(task);
+        let Some(desired_kv) = listing.get(&desired_key) else {
+            return Err(ClusterError::NoSuchTask { task: task.clone() });
+        };
+        let text = String::from_utf8_lossy(&desired_kv.value);
+        let desired = text
+            .parse::<DesiredStage>()
+            .map_err(|_| ClusterError::UnknownDesired {
+                key: desired_key.clone(),
+                value: text.into_owned(),
+            })?;
+        let owner_key = self.keys.owner(task);
+        let owner = match listing.get(&owner_key) {
+            Some(kv) => {
+                let (worker, lease) =
+                    parse_owner_value(&kv.value).ok_or_else(|| ClusterError::Corrupt {
+                        key: owner_key.clone(),
+                        reason: "not worker@lease".into(),
+                    })?;
+                Some((worker, kv.create_revision, lease))
+            }
+            None => None,
+        };
+        let observed_key = self.keys.observed(task);
+        let observed = match listing.get(&observed_key) {
+            Some(kv) => Some(ObservedStatus::decode(&observed_key, &kv.value)?),
+            None => None,
+        };
+        Ok(TaskStatus {
+            task: task.clone(),
+            desired,
+            desired_revision: desired_kv.mod_revision,
+            owner: owner.as_ref().map(|(w, _, _)| w.clone()),
+            owner_revision: owner.as_ref().map(|(_, r, _)| *r),
+            owner_lease: owner.map(|(_, _, l)| l),
+            observed,
+            revision: listing.revision,
+        })
+    }
+
+    /// The workers that are members now (each under its live lease).
+    ///
+    /// # Errors
+    ///
+    /// [`ClusterError::Unreachable`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    pub async fn workers(&self) -> Result<Vec<WorkerId>, ClusterError> {
+        let prefix = self.keys.workers();
+        let listing = within(
+            self.op_timeout,
+            "list workers",
+            self.coord.list(prefix.clone()),
+        )
+        .await?;
+        Ok(listing
+            .kvs
+            .iter()
+            .filter_map(|kv| WorkerId::new(kv.key.strip_prefix(&prefix)?).ok())
+            .collect())
+    }
+
+    /// A watch of the task's status: each [`StatusWatch::changed`] returns once the
+    /// owner or the observed status differs from the last one returned.
+    ///
+    /// # Errors
+    ///
+    /// [`ClusterError::InvalidTaskId`].
+    pub fn watch(&self, task: &str) -> Result<StatusWatch, ClusterError> {
+        Ok(StatusWatch {
+            controller: self.clone(),
+            task: TaskId::new(task)?,
+            last: None,
+        })
+    }
+}
+
+/// A watch of one task's observed changes; made by [`Controller::watch`].
+#[derive(Debug)]
+pub struct StatusWatch {
+    controller: Controller,
+    task: TaskId,
+    last: Option<TaskStatus>,
+}
+
+impl StatusWatch {
+    /// Waits up to `timeout` for the task's owner or observed status to change from
+    /// the last value returned (the first call returns the current one at once).
+    ///
+    /// # Errors
+    ///
+    /// [`ClusterError::Timeout`] (command "watch") when nothing changed in time;
+    /// errors of [`Controller::status`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads; the last value returned is kept.
+    pub async fn changed(&mut self, timeout: Duration) -> Result<TaskStatus, ClusterError> {
+        let started = Instant::now();
+        let deadline = started + timeout;
+        loop {
+            let status = self.controller.status_of(&self.task).await?;
+            let differs = self.last.as_ref().is_none_or(|last| {
+                last.observed != status.observed
+                    || last.owner != status.owner
+                    || last.owner_revision != status.owner_revision
+            });
+            if differs {
+                self.last = Some(status.clone());
+                return Ok(status);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(ClusterError::Timeout {
+                    command: "watch",
+                    task: self.task.clone(),
+                    owner: status.owner.clone(),
+                    stage: status.current_observed().map(|o| o.stage),
+                    waited: now - started,
+                });
+            }
+            let wait = self.controller.poll.min(deadline - now);
+            let _ = self
+                .controller
+                .coord
+                .wait_change(
+                    self.controller.keys.task_dir(&self.task),
+                    status.revision,
+                    wait,
+                )
+                .await;
+        }
+    }
+}

@@ -1,0 +1,408 @@
+//! The worker's decisions, as a pure function.
+//!
+//! [`decide`] is the only place a worker decides what to do about a task: given
+//! what it read from the store (desired stage, ownership, the status it last
+//! published), what it holds locally (the task's stage), its lease deadline and the
+//! outcome of its last fenced write, it returns at most one [`Action`]. It performs
+//! no I/O, reads no clock and takes no lock; the worker (`worker.rs`) reads the
+//! inputs, calls it and carries the action out, and the stateright model
+//! (`tests/cluster_model.rs`) runs the very same function against an abstract etcd.
+//!
+//! The loop is level-triggered, like kube-runtime's `reconcile`: every decision is
+//! taken from the current state, never from the event that woke the loop, so a lost
+//! notification only delays convergence (a periodic resync is the safety net).
+//!
+//! # Invariants (cited by number in the code)
+//!
+//! 1. **No run without a valid lease and the key.** A command that starts a run
+//!    (Resume) or builds a task is returned only while `now < stop_at`, the owner key
+//!    is this worker's and no fenced write was rejected.
+//! 2. **Self-fencing.** Once any of those fails, every local task that is not
+//!    terminal gets [`Action::Fence`] (stop, escalating to abort) and nothing else;
+//!    a terminal one is dropped. Nothing is published then.
+//! 3. **Publish only the truth.** A report is the local stage as read for this
+//!    decision, and it is published only in a step that issues no command, so it
+//!    never names a stage that a command of the same step is about to change.
+//! 4. **One attempt per desired revision.** A run that failed for a desired revision
+//!    is not restarted for the same revision: its failure is published instead.
+//! 5. **No stuck owner.** A local task that a fence stopped while the key stayed
+//!    this worker's is dropped and built again, not kept Stopped under a desired
+//!    stage that asks for more (the stateright model found this one).
+
+use crate::stage::Stage;
+
+use super::keys::DesiredStage;
+
+/// Whether the owner key of a task is this worker's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Ownership {
+    /// No owner key: the task can be claimed.
+    Unowned,
+    /// The owner key holds this worker's value under its current lease.
+    Mine,
+    /// The owner key holds another worker's value (or an older lease of this one).
+    Other,
+}
+
+/// The worker's local task, as read for a decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Local {
+    /// The local handle's stage.
+    pub stage: Stage,
+    /// Whether the last run (or pre-start check) failed.
+    pub failed: bool,
+    /// The local generation.
+    pub generation: u64,
+}
+
+/// An observed status, as the owner publishes it (and as it reads it back).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Report {
+    /// The local stage.
+    pub stage: Stage,
+    /// Whether the last run failed.
+    pub failed: bool,
+    /// The local generation.
+    pub generation: u64,
+    /// The desired revision this report answers.
+    pub desired_revision: i64,
+}
+
+/// Everything a decision about one task depends on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TaskView {
+    /// The desired stage and its revision; `None` when the task has no readable
+    /// desired stage (or the store could not be read this time).
+    pub desired: Option<(DesiredStage, i64)>,
+    /// Whose the owner key is.
+    pub ownership: Ownership,
+    /// Whether the stored observed status is terminal and answers the current
+    /// desired revision: nothing is left to do, so the task is not claimed.
+    pub settled: bool,
+    /// The local task, if this worker holds one.
+    pub local: Option<Local>,
+    /// The desired revision this worker last issued a resume or pause for.
+    pub acted: Option<i64>,
+    /// The observed status this worker's current token last published, read back
+    /// from the store (so a lost or overwritten report is published again).
+    pub published: Option<Report>,
+    /// Now, on the worker's monotonic clock (milliseconds).
+    pub now: u64,
+    /// When the worker must begin stopping its runs (see [`stop_at`]); `None` once
+    /// the store said the lease is gone.
+    pub stop_at: Option<u64>,
+    /// Whether a fenced write with this task's token was rejected.
+    pub fence_rejected: bool,
+    /// Whether a stop (or fence) of the local task is already under way.
+    pub stopping: bool,
+    /// Whether the worker has room for one more task.
+    pub capacity_left: bool,
+}
+
+/// What the worker does about a task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Action {
+    /// Create the owner key under the worker's lease, only if absent.
+    Claim,
+    /// Build the task from its spec through the factory, in stage New.
+    Build,
+    /// Resume the local task, for this desired revision.
+    Resume {
+        /// The desired revision acted upon.
+        revision: i64,
+    },
+    /// Pause the local task, for this desired revision.
+    Pause {
+        /// The desired revision acted upon.
+        revision: i64,
+    },
+    /// Stop the local task (desired Stopped).
+    Stop,
+    /// Stop the local task, escalating to abort, because the worker may no longer
+    /// run it (invariant 2).
+    Fence,
+    /// Forget the local task (it is terminal, and the worker may not or need not
+    /// keep it).
+    Drop,
+    /// Publish this report through a fenced write.
+    Publish(Report),
+    /// Delete the owner key through a fenced write: the task is terminal and its
+    /// terminal status is published.
+    Release,
+}
+
+/// When an owner must begin stopping its runs, given when its last answered
+/// keep-alive was *sent*.
+///
+/// `sent + ttl·(1−ρ) − stop_bound`, with ρ in parts per thousand. The store expires
+/// the lease no earlier than `ttl` after it *received* that keep-alive, which is
+/// after it was sent; ρ covers the two clocks' drift over one TTL; a stop takes at
+/// most `stop_bound` (the grace period, then abort). So a run that starts stopping
+/// at this instant is gone before the lease can expire and before anyone else can
+/// take the owner key.
+pub fn stop_at(sent: u64, ttl: u64, rho_permille: u64, stop_bound: u64) -> u64 {
+    let usable = ttl.saturating_mul(1000 - rho_permille.min(1000)) / 1000;
+    sent.saturating_add(usable).saturating_sub(stop_bound)
+}
+
+/// Decides what to do about one task. Pure: see the module docs.
+pub fn decide(view: &TaskView) -> Option<Action> {
+    let lease_ok = view.stop_at.is_some_and(|deadline| view.now < deadline);
+    let may_run = lease_ok && !view.fence_rejected && view.ownership == Ownership::Mine;
+
+    let Some(local) = view.local else {
+        // Invariant 1: build or claim only with a valid lease.
+        if !lease_ok || view.fence_rejected || view.desired.is_none() {
+            return None;
+        }
+        return match view.ownership {
+            Ownership::Mine => Some(Action::Build),
+            Ownership::Unowned if view.capacity_left && !view.settled => Some(Action::Claim),
+            _ => None,
+        };
+    };
+
+    if !may_run {
+        // Invariant 2.
+        return if local.stage.is_terminal() {
+            Some(Action::Drop)
+        } else if view.stopping {
+            None
+        } else {
+            Some(Action::Fence)
+        };
+    }
+
+    let (desired, revision) = view.desired?;
+    if local.stage == Stage::Stopped && desired != DesiredStage::Stopped {
+        // Stopped by a fence, and the lease came back: a stopped task cannot run
+        // again, so forget it; the next step builds it anew (invariant 5).
+        return Some(Action::Drop);
+    }
+    let command = match desired {
+        DesiredStage::Running => match local.stage {
+            Stage::New => Some(Action::Resume { revision }),
+            // Invariant 4: a failure for this revision is reported, not retried.
+            Stage::Paused if view.acted != Some(revision) => Some(Action::Resume { revision }),
+            _ => None,
+        },
+        DesiredStage::Paused => match local.stage {
+            Stage::Running | Stage::Resuming => Some(Action::Pause { revision }),
+            _ => None,
+        },
+        DesiredStage::Stopped => {
+            let winding_down = local.stage == Stage::Stopping || view.stopping;
+            (!local.stage.is_terminal() && !winding_down).then_some(Action::Stop)
+        }
+    };
+    if command.is_some() {
+        return command; // invariant 3: no publish in a step that commands
+    }
+    let report = Report {
+        stage: local.stage,
+        failed: local.failed,
+        generation: local.generation,
+        desired_revision: revision,
+    };
+    if view.published != Some(report) {
+        return Some(Action::Publish(report));
+    }
+    if local.stage.is_terminal() && desired.answered_by(local.stage, local.failed) {
+        return Some(Action::Release);
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view() -> TaskView {
+        TaskView {
+            desired: Some((DesiredStage::Running, 10)),
+            ownership: Ownership::Mine,
+            settled: false,
+            local: Some(Local {
+                stage: Stage::Running,
+                failed: false,
+                generation: 1,
+            }),
+            acted: Some(10),
+            published: None,
+            now: 100,
+            stop_at: Some(1_000),
+            fence_rejected: false,
+            stopping: false,
+            capacity_left: true,
+        }
+    }
+
+    fn local(stage: Stage) -> Option<Local> {
+        Some(Local {
+            stage,
+            failed: false,
+            generation: 1,
+        })
+    }
+
+    #[test]
+    fn stop_at_leaves_the_drift_and_the_stop_bound() {
+        assert_eq!(stop_at(1_000, 2_000, 100, 500), 1_000 + 1_800 - 500);
+        assert_eq!(stop_at(0, 2_000, 0, 5_000), 0);
+    }
+
+    #[test]
+    fn unowned_tasks_are_claimed_only_with_a_valid_lease_and_room() {
+        let mut v = view();
+        v.local = None;
+        v.ownership = Ownership::Unowned;
+        assert_eq!(decide(&v), Some(Action::Claim));
+        v.capacity_left = false;
+        assert_eq!(decide(&v), None);
+        v.capacity_left = true;
+        v.now = 1_000;
+        assert_eq!(decide(&v), None, "claimed at the lease deadline");
+        v.now = 100;
+        v.settled = true;
+        assert_eq!(decide(&v), None, "claimed a settled task");
+        v.settled = false;
+        v.ownership = Ownership::Other;
+        assert_eq!(decide(&v), None);
+        v.ownership = Ownership::Mine;
+        assert_eq!(decide(&v), Some(Action::Build));
+        v.desired = None;
+        assert_eq!(decide(&v), None);
+    }
+
+    #[test]
+    fn past_the_deadline_every_live_task_is_fenced_and_nothing_published() {
+        for stage in Stage::ALL {
+            for (now, stop_at, rejected, ownership) in [
+                (1_000, Some(1_000), false, Ownership::Mine),
+                (100, None, false, Ownership::Mine),
+                (100, Some(1_000), true, Ownership::Mine),
+                (100, Some(1_000), false, Ownership::Other),
+                (100, Some(1_000), false, Ownership::Unowned),
+            ] {
+                let mut v = view();
+                v.local = local(stage);
+                v.now = now;
+                v.stop_at = stop_at;
+                v.fence_rejected = rejected;
+                v.ownership = ownership;
+                let expected = if stage.is_terminal() {
+                    Some(Action::Drop)
+                } else {
+                    Some(Action::Fence)
+                };
+                assert_eq!(decide(&v), expected, "{stage} {v:?}");
+                v.stopping = true;
+                if !stage.is_terminal() {
+                    assert_eq!(decide(&v), None, "fenced twice in {stage}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn desired_running_resumes_once_per_revision() {
+        let mut v = view();
+        v.local = local(Stage::New);
+        v.acted = None;
+        assert_eq!(decide(&v), Some(Action::Resume { revision: 10 }));
+        v.local = Some(Local {
+            stage: Stage::Paused,
+            failed: true,
+            generation: 1,
+        });
+        v.acted = Some(10);
+        let report = Report {
+            stage: Stage::Paused,
+            failed: true,
+            generation: 1,
+            desired_revision: 10,
+        };
+        assert_eq!(decide(&v), Some(Action::Publish(report)));
+        v.acted = Some(9);
+        assert_eq!(decide(&v), Some(Action::Resume { revision: 10 }));
+    }
+
+    #[test]
+    fn desired_paused_pauses_live_runs_then_publishes() {
+        let mut v = view();
+        v.desired = Some((DesiredStage::Paused, 11));
+        for stage in [Stage::Running, Stage::Resuming] {
+            v.local = local(stage);
+            assert_eq!(decide(&v), Some(Action::Pause { revision: 11 }));
+        }
+        v.local = local(Stage::Pausing);
+        assert!(matches!(decide(&v), Some(Action::Publish(r)) if r.stage == Stage::Pausing));
+        v.local = local(Stage::Paused);
+        let report = Report {
+            stage: Stage::Paused,
+            failed: false,
+            generation: 1,
+            desired_revision: 11,
+        };
+        assert_eq!(decide(&v), Some(Action::Publish(report)));
+        v.published = Some(report);
+        assert_eq!(decide(&v), None);
+    }
+
+    #[test]
+    fn a_task_stopped_by_a_fence_is_rebuilt_once_the_lease_is_back() {
+        let mut v = view();
+        v.local = local(Stage::Stopped);
+        assert_eq!(decide(&v), Some(Action::Drop));
+        v.local = None;
+        assert_eq!(decide(&v), Some(Action::Build));
+    }
+
+    #[test]
+    fn desired_stopped_stops_publishes_then_releases() {
+        let mut v = view();
+        v.desired = Some((DesiredStage::Stopped, 12));
+        assert_eq!(decide(&v), Some(Action::Stop));
+        v.stopping = true;
+        assert!(matches!(decide(&v), Some(Action::Publish(_))));
+        v.local = local(Stage::Stopped);
+        let report = Report {
+            stage: Stage::Stopped,
+            failed: false,
+            generation: 1,
+            desired_revision: 12,
+        };
+        assert_eq!(decide(&v), Some(Action::Publish(report)));
+        v.published = Some(report);
+        assert_eq!(decide(&v), Some(Action::Release));
+    }
+
+    #[test]
+    fn a_command_step_never_publishes() {
+        // Invariant 3, over every stage and desired stage.
+        for stage in Stage::ALL {
+            for desired in [
+                DesiredStage::Running,
+                DesiredStage::Paused,
+                DesiredStage::Stopped,
+            ] {
+                let mut v = view();
+                v.local = local(stage);
+                v.desired = Some((desired, 20));
+                v.acted = None;
+                match decide(&v) {
+                    Some(Action::Drop) => {
+                        assert!(stage == Stage::Stopped && desired != DesiredStage::Stopped)
+                    }
+                    Some(Action::Publish(r)) => assert_eq!(r.stage, stage),
+                    Some(Action::Resume { .. }) => {
+                        assert!(matches!(stage, Stage::New | Stage::Paused))
+                    }
+                    Some(Action::Pause { .. }) => assert!(stage.run_may_be_alive()),
+                    Some(Action::Stop) => assert!(!stage.is_terminal()),
+                    other => panic!("{stage} {desired}: unexpected {other:?}"),
+                }
+            }
+        }
+    }
+}

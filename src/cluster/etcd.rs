@@ -1,0 +1,480 @@
+//! [`Coordinator`] on a real etcd, through `etcd-client`.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use etcd_client::{
+    Client, Compare as EtcdCompare, CompareOp, ConnectOptions, GetOptions, PutOptions,
+    Txn as EtcdTxn, TxnOp, WatchOptions,
+};
+
+use super::coord::{
+    BoxFuture, Compare, Coordinator, Grant, KeepAlive, KeyValue, Listing, Op, Txn, TxnResult,
+};
+use super::error::ClusterError;
+
+/// Settings of an [`EtcdCoordinator`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EtcdOptions {
+    /// The deadline of one call to one member (default 1 s); a call that misses it
+    /// is tried on the next member.
+    pub op_timeout: Duration,
+    /// The deadline of connecting to one member (default 500 ms).
+    pub connect_timeout: Duration,
+}
+
+impl Default for EtcdOptions {
+    fn default() -> Self {
+        EtcdOptions {
+            op_timeout: Duration::from_secs(1),
+            connect_timeout: Duration::from_millis(500),
+        }
+    }
+}
+
+/// A [`Coordinator`] on an etcd cluster (v3 API; tested on etcd 3.4).
+///
+/// It talks to one member at a time and moves to the next one itself when a call
+/// fails or misses its deadline (a client's balanced channel may keep sending to a
+/// dead member). Cheap to clone: clones share the connection.
+///
+/// No HTTP/2 keep-alive pings are configured: with etcd, pings more often than
+/// every 5 s get the connection closed; every call has its own deadline instead.
+#[derive(Clone)]
+pub struct EtcdCoordinator {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    endpoints: Vec<String>,
+    options: EtcdOptions,
+    current: Mutex<Current>,
+    granted: Mutex<HashMap<i64, Duration>>,
+}
+
+struct Current {
+    index: usize,
+    client: Option<Client>,
+}
+
+impl std::fmt::Debug for EtcdCoordinator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdCoordinator")
+            .field("endpoints", &self.inner.endpoints)
+            .field("current", &self.lock().index)
+            .field("options", &self.inner.options)
+            .finish()
+    }
+}
+
+/// Whether an error means "this member cannot serve now: try another one".
+fn is_unavailable(error: &etcd_client::Error) -> bool {
+    use etcd_client::Error as E;
+    match error {
+        E::TransportError(_) | E::IoError(_) => true,
+        E::GRpcStatus(status) => matches!(
+            status.code(),
+            tonic::Code::Unavailable
+                | tonic::Code::DeadlineExceeded
+                | tonic::Code::Unknown
+                | tonic::Code::Cancelled
+                | tonic::Code::Aborted
+        ),
+        E::WatchError(_) | E::LeaseKeepAliveError(_) => true,
+        _ => false,
+    }
+}
+
+fn lease_not_found(error: &etcd_client::Error) -> bool {
+    use etcd_client::Error as E;
+    match error {
+        E::GRpcStatus(status) => {
+            status.code() == tonic::Code::NotFound || status.message().contains("lease not found")
+        }
+        E::LeaseKeepAliveError(message) => message.contains("lease not found"),
+        _ => false,
+    }
+}
+
+impl EtcdCoordinator {
+    /// Connects to the first of `endpoints` (`http://host:port`) that answers.
+    ///
+    /// # Errors
+    ///
+    /// [`ClusterError::Unreachable`] naming every endpoint's failure when none
+    /// answered a status request in time; [`ClusterError::Store`] for an empty list.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: nothing is written.
+    pub async fn connect<I, S>(endpoints: I, options: EtcdOptions) -> Result<Self, ClusterError>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let endpoints: Vec<String> = endpoints.into_iter().map(Into::into).collect();
+        if endpoints.is_empty() {
+            return Err(ClusterError::Store {
+                op: "connect",
+                detail: "no endpoint given".into(),
+            });
+        }
+        let coordinator = EtcdCoordinator {
+            inner: Arc::new(Inner {
+                endpoints,
+                options,
+                current: Mutex::new(Current {
+                    index: 0,
+                    client: None,
+                }),
+                granted: Mutex::new(HashMap::new()),
+            }),
+        };
+        let mut failures = Vec::new();
+        for index in 0..coordinator.inner.endpoints.len() {
+            let endpoint = coordinator.inner.endpoints[index].clone();
+            match coordinator.try_member(index).await {
+                Ok(client) => {
+                    let mut current = coordinator.lock();
+                    current.index = index;
+                    current.client = Some(client);
+                    drop(current);
+                    return Ok(coordinator);
+                }
+                Err(detail) => failures.push(format!("{endpoint}: {detail}")),
+            }
+        }
+        Err(ClusterError::Unreachable {
+            op: "connect",
+            detail: failures.join("; "),
+        })
+    }
+
+    /// The endpoints, in the order they are tried.
+    pub fn endpoints(&self) -> &[String] {
+        &self.inner.endpoints
+    }
+
+    /// The endpoint calls go to now.
+    pub fn current_endpoint(&self) -> &str {
+        let index = self.lock().index;
+        &self.inner.endpoints[index]
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Current> {
+        // Plain field writes only: a poisoned lock still holds a usable value.
+        self.inner
+            .current
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Connects to member `index` and checks that it answers.
+    async fn try_member(&self, index: usize) -> Result<Client, String> {
+        let endpoint = &self.inner.endpoints[index];
+        let options =
+            ConnectOptions::new().with_connect_timeout(self.inner.options.connect_timeout);
+        let attempt = async {
+            let mut client = Client::connect([endpoint.as_str()], Some(options)).await?;
+            client.status().await?;
+            Ok::<_, etcd_client::Error>(client)
+        };
+        match tokio::time::timeout(self.inner.options.op_timeout, attempt).await {
+            Ok(Ok(client)) => Ok(client),
+            Ok(Err(error)) => Err(error.to_string()),
+            Err(_) => Err(format!(
+                "no answer within {:?}",
+                self.inner.options.op_timeout
+            )),
+        }
+    }
+
+    /// The client for the current member, connecting if needed.
+    async fn client(&self) -> Result<(usize, Client), String> {
+        let index = {
+            let current = self.lock();
+            if let Some(client) = &current.client {
+                return Ok((current.index, client.clone()));
+            }
+            current.index
+        };
+        let client = self.try_member(index).await?;
+        let mut current = self.lock();
+        if current.index == index {
+            current.client = Some(client.clone());
+        }
+        Ok((index, client))
+    }
+
+    /// Moves to the next member after member `index` failed.
+    fn failed(&self, index: usize) {
+        let mut current = self.lock();
+        if current.index == index {
+            current.index = (index + 1) % self.inner.endpoints.len();
+            current.client = None;
+            tracing::debug!(
+                failed = %self.inner.endpoints[index],
+                next = %self.inner.endpoints[current.index],
+                "moving to the next etcd member"
+            );
+        }
+    }
+
+    /// Runs `call` on the current member, moving on to the next one when it cannot
+    /// serve; at most one attempt per member.
+    async fn call<T, F, Fut>(&self, op: &'static str, call: F) -> Result<T, ClusterError>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let mut last = String::new();
+        for _ in 0..self.inner.endpoints.len() {
+            let (index, client) = match self.client().await {
+                Ok(found) => found,
+                Err(detail) => {
+                    let index = self.lock().index;
+                    last = format!("{}: {detail}", self.inner.endpoints[index]);
+                    self.failed(index);
+                    continue;
+                }
+            };
+            // A caller that gives up on this call (its own deadline, shorter than
+            // ours) while the member has not answered also moves us on.
+            let mut attempt = Attempt {
+                coordinator: self,
+                index,
+                started: tokio::time::Instant::now(),
+                settled: false,
+            };
+            let answer = tokio::time::timeout(self.inner.options.op_timeout, call(client)).await;
+            attempt.settled = true;
+            match answer {
+                Ok(Ok(value)) => return Ok(value),
+                Ok(Err(error)) if is_unavailable(&error) => {
+                    last = format!("{}: {error}", self.inner.endpoints[index]);
+                    self.failed(index);
+                }
+                Ok(Err(error)) => {
+                    return Err(ClusterError::Store {
+                        op,
+                        detail: error.to_string(),
+                    })
+                }
+                Err(_) => {
+                    last = format!(
+                        "{}: no answer within {:?}",
+                        self.inner.endpoints[index], self.inner.options.op_timeout
+                    );
+                    self.failed(index);
+                }
+            }
+        }
+        Err(ClusterError::Unreachable { op, detail: last })
+    }
+}
+
+/// One call to one member; dropped unsettled (the caller gave up) after waiting a
+/// while, it counts as that member's failure.
+struct Attempt<'a> {
+    coordinator: &'a EtcdCoordinator,
+    index: usize,
+    started: tokio::time::Instant,
+    settled: bool,
+}
+
+/// How long a member may keep a call waiting before a caller's giving up on it
+/// counts against the member.
+const SUSPECT_AFTER: Duration = Duration::from_millis(200);
+
+impl Drop for Attempt<'_> {
+    fn drop(&mut self) {
+        if !self.settled && self.started.elapsed() >= SUSPECT_AFTER {
+            self.coordinator.failed(self.index);
+        }
+    }
+}
+
+fn convert_txn(txn: Txn) -> EtcdTxn {
+    let compares: Vec<EtcdCompare> = txn
+        .when
+        .into_iter()
+        .map(|c| match c {
+            Compare::Absent(key) => EtcdCompare::version(key, CompareOp::Equal, 0),
+            Compare::CreateRevision(key, rev) => {
+                EtcdCompare::create_revision(key, CompareOp::Equal, rev)
+            }
+            Compare::ModRevision(key, rev) => EtcdCompare::mod_revision(key, CompareOp::Equal, rev),
+            Compare::Value(key, value) => EtcdCompare::value(key, CompareOp::Equal, value),
+        })
+        .collect();
+    let ops: Vec<TxnOp> = txn
+        .then
+        .into_iter()
+        .map(|op| match op {
+            Op::Put { key, value, lease } => {
+                TxnOp::put(key, value, lease.map(|l| PutOptions::new().with_lease(l)))
+            }
+            Op::Delete { key } => TxnOp::delete(key, None),
+        })
+        .collect();
+    EtcdTxn::new().when(compares).and_then(ops)
+}
+
+impl Coordinator for EtcdCoordinator {
+    fn grant(&self, ttl: Duration) -> BoxFuture<'_, Result<Grant, ClusterError>> {
+        Box::pin(async move {
+            let secs = (ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0)).max(1) as i64;
+            let response = self
+                .call("lease grant", |mut c| async move {
+                    c.lease_grant(secs, None).await
+                })
+                .await?;
+            if !response.error().is_empty() || response.ttl() <= 0 {
+                return Err(ClusterError::Store {
+                    op: "lease grant",
+                    detail: response.error().to_owned(),
+                });
+            }
+            let granted = Duration::from_secs(response.ttl() as u64);
+            self.inner
+                .granted
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(response.id(), granted);
+            Ok(Grant {
+                id: response.id(),
+                ttl: granted,
+            })
+        })
+    }
+
+    fn keep_alive(&self, lease: i64) -> BoxFuture<'_, Result<KeepAlive, ClusterError>> {
+        Box::pin(async move {
+            // One keep-alive round trip: the client opens the stream, sends one
+            // request and checks that its answer has TTL > 0.
+            let answered = self
+                .call("keep-alive", |mut c| async move {
+                    match c.lease_keep_alive(lease).await {
+                        Ok(_) => Ok(true),
+                        Err(error) if lease_not_found(&error) => Ok(false),
+                        Err(error) => Err(error),
+                    }
+                })
+                .await?;
+            if !answered {
+                return Ok(KeepAlive::Expired);
+            }
+            let ttl = self
+                .inner
+                .granted
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get(&lease)
+                .copied()
+                .unwrap_or(Duration::from_secs(1));
+            Ok(KeepAlive::Alive { ttl })
+        })
+    }
+
+    fn revoke(&self, lease: i64) -> BoxFuture<'_, Result<(), ClusterError>> {
+        Box::pin(async move {
+            self.call("lease revoke", |mut c| async move {
+                match c.lease_revoke(lease).await {
+                    Ok(_) => Ok(()),
+                    Err(error) if lease_not_found(&error) => Ok(()),
+                    Err(error) => Err(error),
+                }
+            })
+            .await
+        })
+    }
+
+    fn list(&self, prefix: String) -> BoxFuture<'_, Result<Listing, ClusterError>> {
+        Box::pin(async move {
+            let response = self
+                .call("list", |mut c| {
+                    let prefix = prefix.clone();
+                    async move { c.get(prefix, Some(GetOptions::new().with_prefix())).await }
+                })
+                .await?;
+            let revision = response.header().map_or(0, |h| h.revision());
+            let mut kvs = Vec::with_capacity(response.kvs().len());
+            for kv in response.kvs() {
+                let key = kv.key_str().map_err(|e| ClusterError::Corrupt {
+                    key: String::from_utf8_lossy(kv.key()).into_owned(),
+                    reason: e.to_string(),
+                })?;
+                kvs.push(KeyValue {
+                    key: key.to_owned(),
+                    value: kv.value().to_vec(),
+                    create_revision: kv.create_revision(),
+                    mod_revision: kv.mod_revision(),
+                    lease: kv.lease(),
+                });
+            }
+            Ok(Listing { revision, kvs })
+        })
+    }
+
+    fn txn(&self, txn: Txn) -> BoxFuture<'_, Result<TxnResult, ClusterError>> {
+        Box::pin(async move {
+            let response = self
+                .call("txn", |mut c| {
+                    let txn = convert_txn(txn.clone());
+                    async move { c.txn(txn).await }
+                })
+                .await?;
+            Ok(TxnResult {
+                succeeded: response.succeeded(),
+                revision: response.header().map_or(0, |h| h.revision()),
+            })
+        })
+    }
+
+    fn wait_change(
+        &self,
+        prefix: String,
+        after: i64,
+        timeout: Duration,
+    ) -> BoxFuture<'_, Result<(), ClusterError>> {
+        Box::pin(async move {
+            let deadline = tokio::time::Instant::now() + timeout;
+            if after <= 0 {
+                // Nothing known to wait from: the caller re-reads after the period.
+                tokio::time::sleep_until(deadline).await;
+                return Ok(());
+            }
+            let options = WatchOptions::new()
+                .with_prefix()
+                .with_start_revision(after + 1);
+            let mut stream = self
+                .call("watch", |mut c| {
+                    let prefix = prefix.clone();
+                    let options = options.clone();
+                    async move { c.watch(prefix, Some(options)).await }
+                })
+                .await?;
+            // Bounded by the deadline: each message either ends the wait or is the
+            // watch's creation notice.
+            loop {
+                match tokio::time::timeout_at(deadline, stream.message()).await {
+                    Err(_) => return Ok(()),
+                    Ok(Ok(Some(response))) => {
+                        if !response.events().is_empty() || response.canceled() {
+                            return Ok(());
+                        }
+                    }
+                    Ok(Ok(None)) => return Ok(()),
+                    Ok(Err(error)) => {
+                        return Err(ClusterError::Unreachable {
+                            op: "watch",
+                            detail: error.to_string(),
+                        })
+                    }
+                }
+            }
+        })
+    }
+}

@@ -1,0 +1,484 @@
+//! The key layout under the user's prefix, and the values stored there.
+//!
+//! ```text
+//! {prefix}/tasks/{task}/spec                  opaque config bytes (controller)
+//! {prefix}/tasks/{task}/desired               Running | Paused | Stopped (controller)
+//! {prefix}/tasks/{task}/owner                 "{worker}@{lease hex}", under the owner's lease
+//! {prefix}/tasks/{task}/observed              the owner's status report (fenced)
+//! {prefix}/tasks/{task}/checkpoint/{name}     unit checkpoints (fenced)
+//! {prefix}/workers/{worker}                   membership, under the worker's lease
+//! ```
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::stage::Stage;
+
+use super::error::ClusterError;
+
+/// The longest task or worker id accepted, in bytes.
+pub const MAX_ID_LEN: usize = 128;
+
+fn check_id(id: &str) -> Result<(), &'static str> {
+    if id.is_empty() {
+        return Err("it is empty");
+    }
+    if id.len() > MAX_ID_LEN {
+        return Err("it is longer than 128 bytes");
+    }
+    if id.contains('/') {
+        return Err("it contains '/', which separates keys");
+    }
+    if id.contains('@') {
+        return Err("it contains '@', which separates the owner value");
+    }
+    if id.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        return Err("it contains whitespace or a control character");
+    }
+    if id == "." || id == ".." {
+        return Err("it is a path component");
+    }
+    Ok(())
+}
+
+/// A task's id: one key component (no `/`, no whitespace, at most 128 bytes).
+///
+/// # Examples
+///
+/// ```
+/// use taskstage::cluster::TaskId;
+///
+/// assert!(TaskId::new("orders-2024").is_ok());
+/// assert!(TaskId::new("orders/2024").is_err());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TaskId(String);
+
+impl TaskId {
+    /// Checks and wraps a task id.
+    ///
+    /// # Errors
+    ///
+    /// [`ClusterError::InvalidTaskId`] naming what is wrong with it.
+    pub fn new(id: impl Into<String>) -> Result<Self, ClusterError> {
+        let id = id.into();
+        match check_id(&id) {
+            Ok(()) => Ok(TaskId(id)),
+            Err(reason) => Err(ClusterError::InvalidTaskId { id, reason }),
+        }
+    }
+
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for TaskId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A worker's id: one key component (no `/`, no `@`, no whitespace, at most 128 bytes).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct WorkerId(String);
+
+impl WorkerId {
+    /// Checks and wraps a worker id.
+    ///
+    /// # Errors
+    ///
+    /// [`ClusterError::InvalidWorkerId`] naming what is wrong with it.
+    pub fn new(id: impl Into<String>) -> Result<Self, ClusterError> {
+        let id = id.into();
+        match check_id(&id) {
+            Ok(()) => Ok(WorkerId(id)),
+            Err(reason) => Err(ClusterError::InvalidWorkerId { id, reason }),
+        }
+    }
+
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for WorkerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The stage a controller asks a task to be in, cluster-wide.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DesiredStage {
+    /// One run alive, on whichever worker owns the task.
+    Running,
+    /// No run alive anywhere; the task stays owned and resumable.
+    Paused,
+    /// No run alive anywhere, units closed; final.
+    Stopped,
+}
+
+impl DesiredStage {
+    /// The stage's name, as stored.
+    pub const fn name(self) -> &'static str {
+        match self {
+            DesiredStage::Running => "Running",
+            DesiredStage::Paused => "Paused",
+            DesiredStage::Stopped => "Stopped",
+        }
+    }
+
+    /// Whether an observed local stage answers this desired stage: the owner has
+    /// done what was asked (or the task ended in a way that makes it moot).
+    ///
+    /// - Running is answered by Running, by Finished, and by Paused with a failed
+    ///   outcome (the run was started for this desire and failed; the outcome says
+    ///   so).
+    /// - Paused is answered by New, Paused and Finished: no run is alive.
+    /// - Stopped is answered by Stopped and Finished.
+    pub fn answered_by(self, stage: Stage, failed: bool) -> bool {
+        match self {
+            DesiredStage::Running => {
+                matches!(stage, Stage::Running | Stage::Finished)
+                    || (stage == Stage::Paused && failed)
+            }
+            DesiredStage::Paused => matches!(stage, Stage::New | Stage::Paused | Stage::Finished),
+            DesiredStage::Stopped => matches!(stage, Stage::Stopped | Stage::Finished),
+        }
+    }
+}
+
+impl fmt::Display for DesiredStage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for DesiredStage {
+    type Err = ClusterError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "Running" => Ok(DesiredStage::Running),
+            "Paused" => Ok(DesiredStage::Paused),
+            "Stopped" => Ok(DesiredStage::Stopped),
+            other => Err(ClusterError::UnknownDesired {
+                key: String::new(),
+                value: other.to_owned(),
+            }),
+        }
+    }
+}
+
+/// What the last run of an owner returned, as reported in the observed status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ObservedOutcome {
+    /// No run has returned yet.
+    None,
+    /// The unit completed.
+    Completed,
+    /// The run was cancelled by a pause or a stop.
+    Cancelled,
+    /// The run or its pre-start check failed; the error's text.
+    Failed(String),
+}
+
+impl ObservedOutcome {
+    /// Whether this is a failure.
+    pub fn is_failed(&self) -> bool {
+        matches!(self, ObservedOutcome::Failed(_))
+    }
+
+    pub(crate) fn from_outcome(outcome: Option<&crate::Outcome>) -> Self {
+        match outcome {
+            None => ObservedOutcome::None,
+            Some(crate::Outcome::Completed) => ObservedOutcome::Completed,
+            Some(crate::Outcome::Cancelled) => ObservedOutcome::Cancelled,
+            Some(crate::Outcome::Failed(e)) => ObservedOutcome::Failed(e.to_string()),
+        }
+    }
+}
+
+/// The status an owner publishes for a task (through a fenced write).
+///
+/// It reports a past fact: when it was written, the owner's local stage was `stage`
+/// and the desired stage it had read was revision `desired_revision`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObservedStatus {
+    /// The owner's local stage.
+    pub stage: Stage,
+    /// The local run's generation.
+    pub generation: u64,
+    /// What the last local run returned.
+    pub outcome: ObservedOutcome,
+    /// The revision of the desired stage this report answers.
+    pub desired_revision: i64,
+    /// The worker that wrote it.
+    pub owner: WorkerId,
+    /// The create revision of the owner key the writer held (its fence token).
+    pub owner_revision: i64,
+}
+
+impl ObservedStatus {
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let outcome = match &self.outcome {
+            ObservedOutcome::None => "none".to_owned(),
+            ObservedOutcome::Completed => "completed".to_owned(),
+            ObservedOutcome::Cancelled => "cancelled".to_owned(),
+            ObservedOutcome::Failed(e) => format!("failed:{}", e.replace('\n', " ")),
+        };
+        format!(
+            "stage={}\ngeneration={}\ndesired_revision={}\nowner={}\nowner_revision={}\noutcome={}\n",
+            self.stage.name(),
+            self.generation,
+            self.desired_revision,
+            self.owner,
+            self.owner_revision,
+            outcome
+        )
+        .into_bytes()
+    }
+
+    pub(crate) fn decode(key: &str, bytes: &[u8]) -> Result<Self, ClusterError> {
+        let corrupt = |reason: String| ClusterError::Corrupt {
+            key: key.to_owned(),
+            reason,
+        };
+        let text = std::str::from_utf8(bytes).map_err(|e| corrupt(e.to_string()))?;
+        let mut stage = None;
+        let mut generation = None;
+        let mut desired_revision = None;
+        let mut owner = None;
+        let mut owner_revision = None;
+        let mut outcome = None;
+        for line in text.lines() {
+            let Some((name, value)) = line.split_once('=') else {
+                return Err(corrupt(format!("line {line:?} is not name=value")));
+            };
+            match name {
+                "stage" => {
+                    stage = Some(
+                        Stage::ALL
+                            .into_iter()
+                            .find(|s| s.name() == value)
+                            .ok_or_else(|| corrupt(format!("unknown stage {value:?}")))?,
+                    );
+                }
+                "generation" => {
+                    generation = Some(value.parse().map_err(|_| corrupt("generation".into()))?)
+                }
+                "desired_revision" => {
+                    desired_revision = Some(
+                        value
+                            .parse()
+                            .map_err(|_| corrupt("desired_revision".into()))?,
+                    )
+                }
+                "owner" => owner = Some(WorkerId::new(value).map_err(|e| corrupt(e.to_string()))?),
+                "owner_revision" => {
+                    owner_revision = Some(
+                        value
+                            .parse()
+                            .map_err(|_| corrupt("owner_revision".into()))?,
+                    )
+                }
+                "outcome" => {
+                    outcome = Some(match value {
+                        "none" => ObservedOutcome::None,
+                        "completed" => ObservedOutcome::Completed,
+                        "cancelled" => ObservedOutcome::Cancelled,
+                        v => match v.strip_prefix("failed:") {
+                            Some(e) => ObservedOutcome::Failed(e.to_owned()),
+                            None => return Err(corrupt(format!("unknown outcome {v:?}"))),
+                        },
+                    })
+                }
+                _ => {} // unknown fields are left for newer versions
+            }
+        }
+        let missing = |field: &str| corrupt(format!("field {field} is missing"));
+        Ok(ObservedStatus {
+            stage: stage.ok_or_else(|| missing("stage"))?,
+            generation: generation.ok_or_else(|| missing("generation"))?,
+            outcome: outcome.ok_or_else(|| missing("outcome"))?,
+            desired_revision: desired_revision.ok_or_else(|| missing("desired_revision"))?,
+            owner: owner.ok_or_else(|| missing("owner"))?,
+            owner_revision: owner_revision.ok_or_else(|| missing("owner_revision"))?,
+        })
+    }
+}
+
+/// The keys of one cluster, under its prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Keys {
+    prefix: String,
+}
+
+/// What a key under `{prefix}/tasks/` names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum TaskKey {
+    Spec,
+    Desired,
+    Owner,
+    Observed,
+    Checkpoint,
+}
+
+impl Keys {
+    pub(crate) fn new(prefix: &str) -> Result<Self, ClusterError> {
+        let trimmed = prefix.trim_end_matches('/');
+        let bad = |reason| ClusterError::InvalidPrefix {
+            prefix: prefix.to_owned(),
+            reason,
+        };
+        if trimmed.is_empty() {
+            return Err(bad("it is empty"));
+        }
+        if trimmed.chars().any(|c| c.is_control() || c.is_whitespace()) {
+            return Err(bad("it contains whitespace or a control character"));
+        }
+        Ok(Keys {
+            prefix: trimmed.to_owned(),
+        })
+    }
+
+    pub(crate) fn tasks(&self) -> String {
+        format!("{}/tasks/", self.prefix)
+    }
+
+    pub(crate) fn task_dir(&self, task: &TaskId) -> String {
+        format!("{}/tasks/{}/", self.prefix, task)
+    }
+
+    pub(crate) fn spec(&self, task: &TaskId) -> String {
+        format!("{}spec", self.task_dir(task))
+    }
+
+    pub(crate) fn desired(&self, task: &TaskId) -> String {
+        format!("{}desired", self.task_dir(task))
+    }
+
+    pub(crate) fn owner(&self, task: &TaskId) -> String {
+        format!("{}owner", self.task_dir(task))
+    }
+
+    pub(crate) fn observed(&self, task: &TaskId) -> String {
+        format!("{}observed", self.task_dir(task))
+    }
+
+    pub(crate) fn checkpoint(&self, task: &TaskId, name: &str) -> String {
+        format!("{}checkpoint/{}", self.task_dir(task), name)
+    }
+
+    pub(crate) fn workers(&self) -> String {
+        format!("{}/workers/", self.prefix)
+    }
+
+    pub(crate) fn worker(&self, worker: &WorkerId) -> String {
+        format!("{}/workers/{}", self.prefix, worker)
+    }
+
+    /// Splits a key under `tasks/` into its task and what it names.
+    pub(crate) fn parse_task_key(&self, key: &str) -> Option<(TaskId, TaskKey)> {
+        let rest = key.strip_prefix(&self.tasks())?;
+        let (task, name) = rest.split_once('/')?;
+        let task = TaskId::new(task).ok()?;
+        let kind = match name {
+            "spec" => TaskKey::Spec,
+            "desired" => TaskKey::Desired,
+            "owner" => TaskKey::Owner,
+            "observed" => TaskKey::Observed,
+            n if n.starts_with("checkpoint/") => TaskKey::Checkpoint,
+            _ => return None,
+        };
+        Some((task, kind))
+    }
+}
+
+/// The owner key's value for a worker holding lease `lease`.
+pub(crate) fn owner_value(worker: &WorkerId, lease: i64) -> String {
+    format!("{worker}@{lease:x}")
+}
+
+/// Splits an owner key's value into the worker and the lease.
+pub(crate) fn parse_owner_value(value: &[u8]) -> Option<(WorkerId, i64)> {
+    let text = std::str::from_utf8(value).ok()?;
+    let (worker, lease) = text.rsplit_once('@')?;
+    Some((
+        WorkerId::new(worker).ok()?,
+        i64::from_str_radix(lease, 16).ok()?,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_with_separators_are_refused() {
+        for bad in ["", "a/b", "a b", "a@b", "..", "a\nb"] {
+            assert!(TaskId::new(bad).is_err(), "{bad:?} was accepted");
+            assert!(WorkerId::new(bad).is_err(), "{bad:?} was accepted");
+        }
+        assert!(TaskId::new("x".repeat(129)).is_err());
+        assert!(TaskId::new("orders-1.v2_x").is_ok());
+    }
+
+    #[test]
+    fn observed_round_trips() {
+        let status = ObservedStatus {
+            stage: Stage::Paused,
+            generation: 3,
+            outcome: ObservedOutcome::Failed("disk\nfull".into()),
+            desired_revision: 42,
+            owner: WorkerId::new("w1").unwrap(),
+            owner_revision: 17,
+        };
+        let decoded = ObservedStatus::decode("k", &status.encode()).unwrap();
+        assert_eq!(decoded.outcome, ObservedOutcome::Failed("disk full".into()));
+        assert_eq!(decoded.stage, Stage::Paused);
+        assert_eq!(decoded.desired_revision, 42);
+        assert!(ObservedStatus::decode("k", b"stage=Bogus\n").is_err());
+    }
+
+    #[test]
+    fn owner_values_round_trip() {
+        let w = WorkerId::new("w-1").unwrap();
+        assert_eq!(
+            parse_owner_value(owner_value(&w, 0x1234).as_bytes()),
+            Some((w, 0x1234))
+        );
+        assert_eq!(parse_owner_value(b"nonsense"), None);
+    }
+
+    #[test]
+    fn task_keys_parse() {
+        let keys = Keys::new("app/").unwrap();
+        let t = TaskId::new("t1").unwrap();
+        assert_eq!(
+            keys.parse_task_key(&keys.owner(&t)),
+            Some((t.clone(), TaskKey::Owner))
+        );
+        assert_eq!(
+            keys.parse_task_key(&keys.checkpoint(&t, "pos")),
+            Some((t, TaskKey::Checkpoint))
+        );
+        assert!(Keys::new("/").is_err());
+    }
+
+    #[test]
+    fn desired_stages_parse_and_answer() {
+        assert_eq!(
+            "Paused".parse::<DesiredStage>().unwrap(),
+            DesiredStage::Paused
+        );
+        assert!("paused".parse::<DesiredStage>().is_err());
+        assert!(DesiredStage::Paused.answered_by(Stage::Paused, false));
+        assert!(!DesiredStage::Paused.answered_by(Stage::Pausing, false));
+        assert!(DesiredStage::Running.answered_by(Stage::Paused, true));
+        assert!(!DesiredStage::Running.answered_by(Stage::Paused, false));
+    }
+}

@@ -1,0 +1,366 @@
+//! An in-memory [`Coordinator`] with etcd's semantics and injectable faults.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::coord::{
+    BoxFuture, Compare, Coordinator, Grant, KeepAlive, KeyValue, Listing, Op, Txn, TxnResult,
+};
+use super::error::ClusterError;
+
+/// An in-memory store with etcd's revisions, transactions and leases.
+///
+/// Leases expire on tokio's clock (so tests under a paused clock control time), at
+/// `last keep-alive received + TTL`, like etcd's. Every call yields to the runtime
+/// once before it takes effect, as a round trip would, so that other tasks can act
+/// between a read and the write decided from it; the effect and the answer then
+/// come together. It serves the property tests of the
+/// worker, and users' own tests; faults can be injected: an unreachable store,
+/// keep-alives that fail, a lease that expires early.
+///
+/// # Examples
+///
+/// ```
+/// use taskstage::cluster::{Controller, DesiredStage, MemoryCoordinator};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = MemoryCoordinator::new();
+/// let controller = Controller::new(store.clone(), "app")?;
+/// controller.create("orders", b"{}".to_vec(), DesiredStage::Paused).await?;
+/// assert_eq!(controller.status("orders").await?.desired, DesiredStage::Paused);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct MemoryCoordinator {
+    inner: std::sync::Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    state: Mutex<State>,
+    revision: watch::Sender<i64>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    revision: i64,
+    kvs: BTreeMap<String, KeyValue>,
+    leases: HashMap<i64, LeaseEntry>,
+    next_lease: i64,
+    unreachable: bool,
+    failing_keep_alives: HashSet<i64>,
+}
+
+#[derive(Debug)]
+struct LeaseEntry {
+    ttl: Duration,
+    expires: Instant,
+}
+
+impl Default for MemoryCoordinator {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryCoordinator {
+    /// An empty store at revision 1.
+    pub fn new() -> Self {
+        let state = State {
+            revision: 1,
+            next_lease: 0x100,
+            ..State::default()
+        };
+        MemoryCoordinator {
+            inner: std::sync::Arc::new(Shared {
+                state: Mutex::new(state),
+                revision: watch::channel(1).0,
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // The state is consistent after every method (no method panics midway), so
+        // a poisoned lock still holds a usable state.
+        self.inner
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Makes every operation fail with [`ClusterError::Unreachable`] (or work again).
+    pub fn set_unreachable(&self, unreachable: bool) {
+        self.lock().unreachable = unreachable;
+    }
+
+    /// Makes keep-alives of `lease` fail with [`ClusterError::Unreachable`] (or work
+    /// again); the lease then expires on the store's clock as etcd's would.
+    pub fn fail_keep_alives(&self, lease: i64, fail: bool) {
+        let mut state = self.lock();
+        if fail {
+            state.failing_keep_alives.insert(lease);
+        } else {
+            state.failing_keep_alives.remove(&lease);
+        }
+    }
+
+    /// Expires a lease now, as the store does at its TTL (or as a revoke does).
+    pub fn expire_lease(&self, lease: i64) {
+        let revision = {
+            let mut state = self.lock();
+            state.drop_lease(lease);
+            state.revision
+        };
+        self.inner.revision.send_replace(revision);
+    }
+
+    /// The leases alive now.
+    pub fn leases(&self) -> Vec<i64> {
+        let mut state = self.lock();
+        state.expire_due(Instant::now());
+        let mut leases: Vec<i64> = state.leases.keys().copied().collect();
+        leases.sort_unstable();
+        leases
+    }
+
+    /// Every key and value, for tests.
+    pub fn dump(&self) -> Vec<KeyValue> {
+        let mut state = self.lock();
+        state.expire_due(Instant::now());
+        state.kvs.values().cloned().collect()
+    }
+
+    /// Runs `f` on the state after expiring due leases, failing when unreachable;
+    /// tells watchers when the revision moved.
+    fn with<T>(
+        &self,
+        op: &'static str,
+        f: impl FnOnce(&mut State) -> Result<T, ClusterError>,
+    ) -> Result<T, ClusterError> {
+        let (result, before, after) = {
+            let mut state = self.lock();
+            let before = state.revision;
+            state.expire_due(Instant::now());
+            if state.unreachable {
+                return Err(ClusterError::Unreachable {
+                    op,
+                    detail: "the in-memory store is set unreachable".into(),
+                });
+            }
+            let result = f(&mut state);
+            (result, before, state.revision)
+        };
+        if after != before {
+            self.inner.revision.send_replace(after);
+        }
+        result
+    }
+}
+
+impl State {
+    fn expire_due(&mut self, now: Instant) {
+        let due: Vec<i64> = self
+            .leases
+            .iter()
+            .filter(|(_, l)| l.expires <= now)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in due {
+            self.drop_lease(id);
+        }
+    }
+
+    fn drop_lease(&mut self, id: i64) {
+        if self.leases.remove(&id).is_none() {
+            return;
+        }
+        let keys: Vec<String> = self
+            .kvs
+            .values()
+            .filter(|kv| kv.lease == id)
+            .map(|kv| kv.key.clone())
+            .collect();
+        if !keys.is_empty() {
+            self.revision += 1;
+            for key in keys {
+                self.kvs.remove(&key);
+            }
+        }
+    }
+
+    fn holds(&self, compare: &Compare) -> bool {
+        match compare {
+            Compare::Absent(key) => !self.kvs.contains_key(key),
+            Compare::CreateRevision(key, rev) => {
+                self.kvs.get(key).map(|kv| kv.create_revision) == Some(*rev)
+            }
+            Compare::ModRevision(key, rev) => {
+                self.kvs.get(key).map_or(0, |kv| kv.mod_revision) == *rev
+            }
+            Compare::Value(key, value) => self.kvs.get(key).map(|kv| &kv.value) == Some(value),
+        }
+    }
+}
+
+impl Coordinator for MemoryCoordinator {
+    fn grant(&self, ttl: Duration) -> BoxFuture<'_, Result<Grant, ClusterError>> {
+        Box::pin(async move {
+            // Like a round trip: other tasks run between the call and its effect.
+            tokio::task::yield_now().await;
+            self.with("grant", |state| {
+                let id = state.next_lease;
+                state.next_lease += 1;
+                // etcd rounds to whole seconds, and never grants less than it was asked.
+                let ttl =
+                    Duration::from_secs(ttl.as_secs().max(1) + u64::from(ttl.subsec_nanos() > 0));
+                state.leases.insert(
+                    id,
+                    LeaseEntry {
+                        ttl,
+                        expires: Instant::now() + ttl,
+                    },
+                );
+                Ok(Grant { id, ttl })
+            })
+        })
+    }
+
+    fn keep_alive(&self, lease: i64) -> BoxFuture<'_, Result<KeepAlive, ClusterError>> {
+        Box::pin(async move {
+            tokio::task::yield_now().await;
+            self.with("keep-alive", |state| {
+                if state.failing_keep_alives.contains(&lease) {
+                    return Err(ClusterError::Unreachable {
+                        op: "keep-alive",
+                        detail: "keep-alives of this lease are set to fail".into(),
+                    });
+                }
+                Ok(match state.leases.get_mut(&lease) {
+                    Some(entry) => {
+                        entry.expires = Instant::now() + entry.ttl;
+                        KeepAlive::Alive { ttl: entry.ttl }
+                    }
+                    None => KeepAlive::Expired,
+                })
+            })
+        })
+    }
+
+    fn revoke(&self, lease: i64) -> BoxFuture<'_, Result<(), ClusterError>> {
+        Box::pin(async move {
+            tokio::task::yield_now().await;
+            self.with("revoke", |state| {
+                state.drop_lease(lease);
+                Ok(())
+            })
+        })
+    }
+
+    fn list(&self, prefix: String) -> BoxFuture<'_, Result<Listing, ClusterError>> {
+        Box::pin(async move {
+            tokio::task::yield_now().await;
+            self.with("list", |state| {
+                Ok(Listing {
+                    revision: state.revision,
+                    kvs: state
+                        .kvs
+                        .range(prefix.clone()..)
+                        .take_while(|(k, _)| k.starts_with(&prefix))
+                        .map(|(_, kv)| kv.clone())
+                        .collect(),
+                })
+            })
+        })
+    }
+
+    fn txn(&self, txn: Txn) -> BoxFuture<'_, Result<TxnResult, ClusterError>> {
+        Box::pin(async move {
+            tokio::task::yield_now().await;
+            self.with("txn", |state| {
+                if !txn.when.iter().all(|c| state.holds(c)) {
+                    return Ok(TxnResult {
+                        succeeded: false,
+                        revision: state.revision,
+                    });
+                }
+                for op in &txn.then {
+                    if let Op::Put {
+                        lease: Some(lease), ..
+                    } = op
+                    {
+                        if !state.leases.contains_key(lease) {
+                            return Err(ClusterError::Store {
+                                op: "txn",
+                                detail: format!("requested lease {lease:x} not found"),
+                            });
+                        }
+                    }
+                }
+                if txn.then.is_empty() {
+                    return Ok(TxnResult {
+                        succeeded: true,
+                        revision: state.revision,
+                    });
+                }
+                state.revision += 1;
+                let revision = state.revision;
+                for op in txn.then {
+                    match op {
+                        Op::Put { key, value, lease } => {
+                            let create_revision = state
+                                .kvs
+                                .get(&key)
+                                .map_or(revision, |kv| kv.create_revision);
+                            state.kvs.insert(
+                                key.clone(),
+                                KeyValue {
+                                    key,
+                                    value,
+                                    create_revision,
+                                    mod_revision: revision,
+                                    lease: lease.unwrap_or(0),
+                                },
+                            );
+                        }
+                        Op::Delete { key } => {
+                            state.kvs.remove(&key);
+                        }
+                    }
+                }
+                Ok(TxnResult {
+                    succeeded: true,
+                    revision,
+                })
+            })
+        })
+    }
+
+    fn wait_change(
+        &self,
+        prefix: String,
+        after: i64,
+        timeout: Duration,
+    ) -> BoxFuture<'_, Result<(), ClusterError>> {
+        // A change anywhere wakes the waiter (allowed: callers re-read).
+        let _ = prefix;
+        let mut rx = self.inner.revision.subscribe();
+        let unreachable = self.lock().unreachable;
+        Box::pin(async move {
+            if unreachable {
+                tokio::time::sleep(timeout).await;
+                return Err(ClusterError::Unreachable {
+                    op: "watch",
+                    detail: "the in-memory store is set unreachable".into(),
+                });
+            }
+            let _ = tokio::time::timeout(timeout, rx.wait_for(|rev| *rev > after)).await;
+            Ok(())
+        })
+    }
+}

@@ -1,0 +1,533 @@
+//! Integration tests on a real etcd: 3 members on 127.0.0.1 (see
+//! `cluster_support`), workers as in-process tasks.
+//!
+//! Without an `etcd` binary each test says SKIPPED and passes, except under
+//! `CI=true`, where it fails.
+
+mod cluster_support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cluster_support::{counters, dead_endpoint, eventually, probes, EtcdCluster, SharedProbes};
+use taskstage::cluster::{
+    ClusterError, Compare, Controller, Coordinator, DesiredStage, EtcdCoordinator, EtcdOptions, Op,
+    TaskId, Txn, Worker,
+};
+use taskstage::Stage;
+
+const PREFIX: &str = "it";
+const WAIT: Duration = Duration::from_secs(15);
+
+async fn connect(cluster: &EtcdCluster) -> EtcdCoordinator {
+    EtcdCoordinator::connect(cluster.endpoints(), EtcdOptions::default())
+        .await
+        .expect("connect to the test cluster")
+}
+
+async fn join(cluster: &EtcdCluster, id: &str, shared: &SharedProbes) -> Worker {
+    Worker::builder(connect(cluster).await, PREFIX, id)
+        .ttl(Duration::from_secs(2))
+        .stop_bound(Duration::from_millis(600))
+        .resync(Duration::from_millis(200))
+        .join(counters(id, shared))
+        .await
+        .expect("join the test cluster")
+}
+
+fn alive(shared: &SharedProbes, task: &str) -> usize {
+    probes(shared).alive.get(task).map_or(0, Vec::len)
+}
+
+fn no_overlaps(shared: &SharedProbes) {
+    let violations = probes(shared).violations.clone();
+    assert!(violations.is_empty(), "runs overlapped: {violations:#?}");
+}
+
+async fn checkpoint(coord: &EtcdCoordinator, task: &str) -> u64 {
+    let key = format!("{PREFIX}/tasks/{task}/checkpoint/pos");
+    let listing = coord.list(key.clone()).await.expect("read the checkpoint");
+    listing
+        .get(&key)
+        .and_then(|kv| String::from_utf8_lossy(&kv.value).parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claim_run_pause_resume_and_stop_across_the_cluster() {
+    let Some(cluster) = EtcdCluster::start_or_skip(3) else {
+        return;
+    };
+    let shared = SharedProbes::default();
+    let w1 = join(&cluster, "w1", &shared).await;
+    let w2 = join(&cluster, "w2", &shared).await;
+    let controller = Controller::new(connect(&cluster).await, PREFIX).unwrap();
+
+    controller
+        .create("orders", b"spec".to_vec(), DesiredStage::Running)
+        .await
+        .unwrap();
+    let running = controller.resume_within("orders", WAIT).await.unwrap();
+    assert_eq!(running.stage, Stage::Running);
+    assert_eq!(alive(&shared, "orders"), 1);
+    let owner = running.owner.clone();
+
+    // A cluster-wide pause returns only when the run has returned, wherever it is.
+    let started = Instant::now();
+    let paused = controller.pause_within("orders", WAIT).await.unwrap();
+    eprintln!("pause answered in {:?}", started.elapsed());
+    assert_eq!(paused.stage, Stage::Paused);
+    assert_eq!(paused.owner, owner, "the task moved during a pause");
+    assert_eq!(
+        alive(&shared, "orders"),
+        0,
+        "pause returned with a run alive"
+    );
+
+    let resumed = controller.resume_within("orders", WAIT).await.unwrap();
+    assert_eq!(resumed.stage, Stage::Running);
+    assert_eq!(alive(&shared, "orders"), 1);
+
+    let stopped = controller.stop_within("orders", WAIT).await.unwrap();
+    assert_eq!(stopped.stage, Stage::Stopped);
+    assert_eq!(alive(&shared, "orders"), 0);
+    assert!(matches!(
+        controller.resume_within("orders", WAIT).await,
+        Err(ClusterError::Stopped { .. })
+    ));
+
+    // Created Paused: claimed and built, never run.
+    let rev = controller
+        .create("later", Vec::new(), DesiredStage::Paused)
+        .await
+        .unwrap();
+    let report = controller
+        .wait_for_revision("later", rev, WAIT)
+        .await
+        .unwrap();
+    assert_eq!(report.stage, Stage::New);
+    assert_eq!(alive(&shared, "later"), 0);
+    let mut watch = controller.watch("later").unwrap();
+    let first = watch.changed(WAIT).await.unwrap();
+    let resumed = controller.resume_within("later", WAIT).await.unwrap();
+    assert_eq!(resumed.stage, Stage::Running);
+    let next = watch.changed(WAIT).await.unwrap();
+    assert_ne!(
+        first.observed, next.observed,
+        "the watch returned no change"
+    );
+
+    no_overlaps(&shared);
+    w1.shutdown().await.unwrap();
+    w2.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_worker_is_replaced_and_the_new_owner_resumes_from_the_checkpoint() {
+    let Some(cluster) = EtcdCluster::start_or_skip(3) else {
+        return;
+    };
+    let shared = SharedProbes::default();
+    let coord = connect(&cluster).await;
+    let controller = Controller::new(coord.clone(), PREFIX).unwrap();
+    let w1 = join(&cluster, "w1", &shared).await;
+    controller
+        .create("copy", Vec::new(), DesiredStage::Running)
+        .await
+        .unwrap();
+    let running = controller.resume_within("copy", WAIT).await.unwrap();
+    assert_eq!(running.owner.as_str(), "w1");
+    eventually(WAIT, "3 checkpoints by w1", || {
+        let coord = coord.clone();
+        async move { (checkpoint(&coord, "copy").await >= 3).then_some(()) }
+    })
+    .await;
+    let w2 = join(&cluster, "w2", &shared).await;
+
+    // A crash: no revoke, so w2 can take over only once etcd expires w1's lease.
+    w1.crash().await;
+    let before = checkpoint(&coord, "copy").await;
+    let killed = Instant::now();
+    let status = eventually(WAIT, "w2 running the task", || {
+        let controller = controller.clone();
+        async move {
+            let status = controller.status("copy").await.ok()?;
+            (status.owner.as_ref().map(|w| w.as_str()) == Some("w2")
+                && status.answers(status.desired_revision))
+            .then_some(status)
+        }
+    })
+    .await;
+    eprintln!("takeover after a crash in {:?}", killed.elapsed());
+    assert_eq!(status.current_observed().unwrap().stage, Stage::Running);
+    let starts = probes(&shared)
+        .starts
+        .get("copy")
+        .cloned()
+        .unwrap_or_default();
+    let (worker, from) = starts.last().cloned().unwrap();
+    assert_eq!(worker, "w2");
+    assert!(
+        from >= before,
+        "w2 started from {from}, below the checkpoint {before}"
+    );
+
+    // A clean shutdown revokes the lease: the takeover is immediate.
+    let w3 = join(&cluster, "w3", &shared).await;
+    let left = Instant::now();
+    w2.shutdown().await.unwrap();
+    let before = checkpoint(&coord, "copy").await;
+    eventually(WAIT, "w3 running the task", || {
+        let controller = controller.clone();
+        async move {
+            let status = controller.status("copy").await.ok()?;
+            (status.owner.as_ref().map(|w| w.as_str()) == Some("w3")
+                && status.answers(status.desired_revision))
+            .then_some(())
+        }
+    })
+    .await;
+    eprintln!("takeover after a clean shutdown in {:?}", left.elapsed());
+    let starts = probes(&shared)
+        .starts
+        .get("copy")
+        .cloned()
+        .unwrap_or_default();
+    let (worker, from) = starts.last().cloned().unwrap();
+    assert_eq!(worker, "w3");
+    assert!(
+        from >= before,
+        "w3 started from {from}, below the checkpoint {before}"
+    );
+    assert_eq!(alive(&shared, "copy"), 1);
+    no_overlaps(&shared);
+    w3.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deposed_owners_fenced_write_is_rejected_and_its_run_stopped() {
+    let Some(cluster) = EtcdCluster::start_or_skip(3) else {
+        return;
+    };
+    let shared = SharedProbes::default();
+    let coord = connect(&cluster).await;
+    let controller = Controller::new(coord.clone(), PREFIX).unwrap();
+    let w1 = join(&cluster, "w1", &shared).await;
+    controller
+        .create("sync", Vec::new(), DesiredStage::Running)
+        .await
+        .unwrap();
+    controller.resume_within("sync", WAIT).await.unwrap();
+    let task = TaskId::new("sync").unwrap();
+    let handle = w1.handle(&task).expect("w1 runs the task");
+    let old = probes(&shared)
+        .fencers
+        .get(&("sync".to_owned(), "w1".to_owned()))
+        .cloned()
+        .expect("w1's fencer");
+    old.put_checkpoint("pos", b"100".to_vec()).await.unwrap();
+
+    // Depose w1 as an expiry would: its lease goes, its owner key with it.
+    coord.revoke(w1.lease()).await.unwrap();
+    let w2 = join(&cluster, "w2", &shared).await;
+    eventually(WAIT, "w2 owning the task", || {
+        let controller = controller.clone();
+        async move {
+            let status = controller.status("sync").await.ok()?;
+            (status.owner.as_ref().map(|w| w.as_str()) == Some("w2")).then_some(())
+        }
+    })
+    .await;
+    let rejected = old.put_checkpoint("pos", b"1".to_vec()).await;
+    assert!(
+        matches!(rejected, Err(ClusterError::Fenced { ref worker, .. }) if worker.as_str() == "w1"),
+        "a deposed owner's write was not rejected: {rejected:?}"
+    );
+    assert!(
+        checkpoint(&coord, "sync").await >= 100,
+        "the stale write landed"
+    );
+    // The deposed owner stopped its local run.
+    let stopped = tokio::time::timeout(WAIT, handle.wait_for_stage(Stage::is_terminal))
+        .await
+        .expect("w1's local run never stopped");
+    assert_eq!(stopped.stage, Stage::Stopped);
+    no_overlaps(&shared);
+    w2.shutdown().await.unwrap();
+    let _ = w1.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_under_the_same_worker_id_rejects_the_old_token() {
+    let Some(cluster) = EtcdCluster::start_or_skip(3) else {
+        return;
+    };
+    let shared = SharedProbes::default();
+    let coord = connect(&cluster).await;
+    let controller = Controller::new(coord.clone(), PREFIX).unwrap();
+    let w1 = join(&cluster, "w1", &shared).await;
+    controller
+        .create("load", Vec::new(), DesiredStage::Running)
+        .await
+        .unwrap();
+    controller.resume_within("load", WAIT).await.unwrap();
+    let task = TaskId::new("load").unwrap();
+    let old_token = w1.token(&task).expect("w1's token");
+    let old = probes(&shared)
+        .fencers
+        .get(&("load".to_owned(), "w1".to_owned()))
+        .cloned()
+        .unwrap();
+    w1.crash().await;
+
+    let again = join(&cluster, "w1", &shared).await;
+    assert_ne!(again.lease(), old_token.lease);
+    let new_token = eventually(WAIT, "the restarted w1 owning the task", || {
+        let token = again.token(&task);
+        async move { token.filter(|t| t.lease != old_token.lease) }
+    })
+    .await;
+    assert!(new_token.revision > old_token.revision);
+    let rejected = old.put_checkpoint("pos", b"0".to_vec()).await;
+    assert!(
+        matches!(rejected, Err(ClusterError::Fenced { .. })),
+        "the old incarnation's token was accepted: {rejected:?}"
+    );
+    controller.resume_within("load", WAIT).await.unwrap();
+    no_overlaps(&shared);
+    again.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn losing_an_etcd_member_moves_the_worker_to_another() {
+    let Some(mut cluster) = EtcdCluster::start_or_skip(3) else {
+        return;
+    };
+    let shared = SharedProbes::default();
+    let worker_coord = connect(&cluster).await;
+    let w1 = Worker::builder(worker_coord.clone(), PREFIX, "w1")
+        .ttl(Duration::from_secs(2))
+        .stop_bound(Duration::from_millis(600))
+        .resync(Duration::from_millis(200))
+        .join(counters("w1", &shared))
+        .await
+        .unwrap();
+    let controller = Controller::new(
+        EtcdCoordinator::connect(
+            cluster.endpoints().into_iter().rev(),
+            EtcdOptions::default(),
+        )
+        .await
+        .unwrap(),
+        PREFIX,
+    )
+    .unwrap();
+    controller
+        .create("stream", Vec::new(), DesiredStage::Running)
+        .await
+        .unwrap();
+    controller.resume_within("stream", WAIT).await.unwrap();
+    let used = worker_coord.current_endpoint().to_owned();
+    let member = cluster.member_of(&used).unwrap();
+    cluster.kill_member(member);
+
+    // The worker keeps its lease through another member and still answers.
+    let paused = controller.pause_within("stream", WAIT).await.unwrap();
+    assert_eq!(paused.stage, Stage::Paused);
+    assert_ne!(
+        worker_coord.current_endpoint(),
+        used,
+        "the worker stayed on a dead member"
+    );
+    let resumed = controller.resume_within("stream", WAIT).await.unwrap();
+    assert_eq!(resumed.owner.as_str(), "w1");
+    assert!(!w1.is_finished(), "the worker lost its lease with a member");
+    no_overlaps(&shared);
+    w1.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_etcd_member_is_left_behind_on_timeouts() {
+    let Some(mut cluster) = EtcdCluster::start_or_skip(3) else {
+        return;
+    };
+    let shared = SharedProbes::default();
+    let worker_coord = connect(&cluster).await;
+    let w1 = Worker::builder(worker_coord.clone(), PREFIX, "w1")
+        .ttl(Duration::from_secs(2))
+        .stop_bound(Duration::from_millis(600))
+        .resync(Duration::from_millis(200))
+        .join(counters("w1", &shared))
+        .await
+        .unwrap();
+    let controller = Controller::new(
+        EtcdCoordinator::connect(
+            cluster.endpoints().into_iter().rev(),
+            EtcdOptions::default(),
+        )
+        .await
+        .unwrap(),
+        PREFIX,
+    )
+    .unwrap();
+    controller
+        .create("tail", Vec::new(), DesiredStage::Running)
+        .await
+        .unwrap();
+    controller.resume_within("tail", WAIT).await.unwrap();
+    let used = worker_coord.current_endpoint().to_owned();
+    let member = cluster.member_of(&used).unwrap();
+    // The member answers nothing and closes nothing: only deadlines reveal it.
+    cluster.freeze_member(member);
+    let frozen = Instant::now();
+    eventually(WAIT, "the worker leaving the frozen member", || {
+        let moved = worker_coord.current_endpoint() != used;
+        async move { moved.then_some(()) }
+    })
+    .await;
+    eprintln!("left a frozen member after {:?}", frozen.elapsed());
+    // A frozen leader means an election, and w1 may have had to fence itself or
+    // even lose its lease meanwhile: a second worker can take over then. Either
+    // way the task answers again, with one run at most.
+    let w2 = join(&cluster, "w2", &shared).await;
+    let paused = controller.pause_within("tail", WAIT).await;
+    let paused = paused.unwrap_or_else(|e| panic!("no pause answer after the freeze: {e}"));
+    assert!(
+        !paused.stage.run_may_be_alive(),
+        "paused in {}",
+        paused.stage
+    );
+    let resumed = controller.resume_within("tail", WAIT).await;
+    let resumed = resumed.unwrap_or_else(|e| panic!("no resume answer after the freeze: {e}"));
+    assert_eq!(resumed.stage, Stage::Running);
+    assert_eq!(alive(&shared, "tail"), 1);
+    no_overlaps(&shared);
+    let _ = w1.shutdown().await;
+    let _ = w2.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_etcd_is_a_typed_error_and_nothing_starts() {
+    // Nothing listens: connecting fails fast with a typed error.
+    let started = Instant::now();
+    let error =
+        EtcdCoordinator::connect([dead_endpoint(), dead_endpoint()], EtcdOptions::default())
+            .await
+            .unwrap_err();
+    assert!(
+        matches!(error, ClusterError::Unreachable { op: "connect", .. }),
+        "{error}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(5));
+
+    // A store that goes away after connecting: joining fails, nothing is built.
+    let Some(mut cluster) = EtcdCluster::start_or_skip(3) else {
+        return;
+    };
+    let coord = connect(&cluster).await;
+    for member in 0..3 {
+        cluster.kill_member(member);
+    }
+    let shared = SharedProbes::default();
+    let joined = Worker::builder(coord, PREFIX, "w1")
+        .ttl(Duration::from_secs(2))
+        .join(counters("w1", &shared))
+        .await;
+    assert!(
+        matches!(joined, Err(ClusterError::Unreachable { .. })),
+        "{joined:?}"
+    );
+    assert_eq!(probes(&shared).built, 0, "a task was built without a store");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_typed_errors_and_writes_nothing() {
+    let Some(cluster) = EtcdCluster::start_or_skip(3) else {
+        return;
+    };
+    let coord = connect(&cluster).await;
+    let controller = Controller::new(coord.clone(), PREFIX).unwrap();
+    let everything = || {
+        let coord = coord.clone();
+        async move { coord.list(format!("{PREFIX}/")).await.unwrap().kvs }
+    };
+
+    let error = controller
+        .create("a/b", Vec::new(), DesiredStage::Running)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error, ClusterError::InvalidTaskId { .. }),
+        "{error}"
+    );
+    let shared = SharedProbes::default();
+    let short = Worker::builder(coord.clone(), PREFIX, "w1")
+        .ttl(Duration::from_secs(1))
+        .join(counters("w1", &shared))
+        .await
+        .unwrap_err();
+    assert!(matches!(short, ClusterError::TtlTooShort { .. }), "{short}");
+    let bad_id = Worker::builder(coord.clone(), PREFIX, "w/1")
+        .join(counters("w/1", &shared))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(bad_id, ClusterError::InvalidWorkerId { .. }),
+        "{bad_id}"
+    );
+    assert!(everything().await.is_empty(), "bad input wrote something");
+
+    // An unknown desired stage read back: typed errors, nothing written, and no
+    // worker claims the task.
+    let key = format!("{PREFIX}/tasks/odd/desired");
+    let txn = Txn {
+        when: vec![Compare::Absent(key.clone())],
+        then: vec![
+            Op::Put {
+                key: key.clone(),
+                value: b"Sideways".to_vec(),
+                lease: None,
+            },
+            Op::Put {
+                key: format!("{PREFIX}/tasks/odd/spec"),
+                value: Vec::new(),
+                lease: None,
+            },
+        ],
+    };
+    assert!(coord.txn(txn).await.unwrap().succeeded);
+    let before = everything().await;
+    let error = controller.status("odd").await.unwrap_err();
+    assert!(
+        matches!(error, ClusterError::UnknownDesired { ref value, .. } if value == "Sideways"),
+        "{error}"
+    );
+    let error = controller.pause_within("odd", WAIT).await.unwrap_err();
+    assert!(
+        matches!(error, ClusterError::UnknownDesired { .. }),
+        "{error}"
+    );
+    assert_eq!(
+        everything().await,
+        before,
+        "a refused command wrote something"
+    );
+
+    let w1 = join(&cluster, "w1", &shared).await;
+    controller
+        .create("fine", Vec::new(), DesiredStage::Running)
+        .await
+        .unwrap();
+    // w1 read "odd" in the same listings in which it claimed and ran "fine".
+    controller.resume_within("fine", WAIT).await.unwrap();
+    let odd_owner = coord
+        .list(format!("{PREFIX}/tasks/odd/owner"))
+        .await
+        .unwrap();
+    assert!(
+        odd_owner.kvs.is_empty(),
+        "a task with an unknown desired stage was claimed"
+    );
+    w1.shutdown().await.unwrap();
+    let _ = Arc::new(());
+}

@@ -1,0 +1,472 @@
+//! Property tests of the real worker and controller code on the in-memory store
+//! (`MemoryCoordinator`, behind the same `Coordinator` trait as the etcd one).
+//!
+//! Each case runs up to 3 workers and 2 tasks on a current-thread runtime with
+//! tokio's paused clock (leases, keep-alives and deadlines elapse deterministically
+//! and at once), through a random sequence of up to 24 steps: desired-stage changes,
+//! keep-alives that fail for a while (so the lease is lost for real: the worker
+//! fences itself, the store expires the lease, another worker takes over), crashes,
+//! restarts under the same worker id, clean shutdowns, an unreachable store, and
+//! pauses of the test's clock. Faults are part of the generated sequence.
+//!
+//! Checked all along, by probes inside the units and between steps:
+//! - no two runs of a task are ever alive at once (drop guards in the run futures);
+//! - every fenced checkpoint write that the store accepted was made with the token
+//!   that owned the task at that instant, and checkpoints only grow (each run
+//!   resumes from the last accepted one);
+//! - an observed status that claims a rest (no run) for the current desired
+//!   revision is true: no run of the task is alive.
+//!
+//! After the faults stop (every worker restarted, the store healed), every task's
+//! current owner must answer its desired revision within 60 s of virtual time, and
+//! exactly one run must be alive for each task desired Running, none otherwise.
+//!
+//! 128 cases by default (about 3 s); `PROPTEST_CASES` overrides.
+//!
+//! One plain test beside them: a pause nobody can answer, and one stuck on a run
+//! that ignores cancellation, time out with an error naming the task, its owner and
+//! the stage it is stuck in; a stop then escalates to abort and is answered. Each case must end
+//! within 30 s of real time.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use proptest::prelude::*;
+use proptest::test_runner::FileFailurePersistence;
+use taskstage::cluster::{
+    ClusterError, Controller, DesiredStage, Fencer, MemoryCoordinator, TaskSpec, Worker,
+};
+use taskstage::{RunContext, RunError, RunExit, Task, TaskBuilder, Unit};
+
+const PREFIX: &str = "prop";
+const TASKS: [&str; 2] = ["alpha", "beta"];
+const WORKERS: [&str; 3] = ["w0", "w1", "w2"];
+
+/// What the probes saw.
+#[derive(Default)]
+struct Registry {
+    next_run: u64,
+    alive: HashMap<String, Vec<u64>>,
+    checkpoint: HashMap<String, u64>,
+    violations: Vec<String>,
+}
+
+type Shared = Arc<Mutex<Registry>>;
+
+fn lock(reg: &Shared) -> std::sync::MutexGuard<'_, Registry> {
+    reg.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+struct AliveGuard {
+    reg: Shared,
+    task: String,
+    run: u64,
+}
+
+impl Drop for AliveGuard {
+    fn drop(&mut self) {
+        let mut reg = lock(&self.reg);
+        if let Some(runs) = reg.alive.get_mut(&self.task) {
+            runs.retain(|r| *r != self.run);
+        }
+    }
+}
+
+struct Probe {
+    task: String,
+    fencer: Fencer,
+    reg: Shared,
+    store: MemoryCoordinator,
+}
+
+impl Probe {
+    /// Called right after the store accepted a fenced write: nothing else ran in
+    /// between (the in-memory store answers without yielding, on one thread).
+    fn check_accepted(&self, value: u64) {
+        let owner_key = format!("{PREFIX}/tasks/{}/owner", self.task);
+        let token = self.fencer.token();
+        let owner = self.store.dump().into_iter().find(|kv| kv.key == owner_key);
+        let mut reg = lock(&self.reg);
+        match owner {
+            Some(kv) if kv.create_revision == token.revision => {}
+            other => reg.violations.push(format!(
+                "a write by {} (token {}) was accepted while the owner key is {:?}",
+                token.worker, token.revision, other
+            )),
+        }
+        let last = reg.checkpoint.insert(self.task.clone(), value).unwrap_or(0);
+        if value <= last {
+            reg.violations.push(format!(
+                "checkpoint of {} went from {last} to {value}",
+                self.task
+            ));
+        }
+    }
+}
+
+impl Unit for Probe {
+    fn name(&self) -> &str {
+        "probe"
+    }
+
+    async fn run(&mut self, ctx: RunContext) -> Result<RunExit, RunError> {
+        let run = {
+            let mut reg = lock(&self.reg);
+            reg.next_run += 1;
+            let run = reg.next_run;
+            let alive = reg.alive.entry(self.task.clone()).or_default();
+            let before = alive.clone();
+            alive.push(run);
+            if !before.is_empty() {
+                let msg = format!("run {run} of {} started while {before:?} alive", self.task);
+                reg.violations.push(msg);
+            }
+            run
+        };
+        let _guard = AliveGuard {
+            reg: Arc::clone(&self.reg),
+            task: self.task.clone(),
+            run,
+        };
+        // Resume from the last accepted checkpoint; while the store is unreachable,
+        // try again every 100 ms (bounded by the run's cancellation: a run that
+        // cannot read is still a run, and is stopped like any other).
+        let mut at: u64 = loop {
+            match self.fencer.checkpoint("pos").await {
+                Ok(Some(bytes)) => break String::from_utf8_lossy(&bytes).parse().unwrap_or(0),
+                Ok(None) => break 0,
+                Err(_) => {}
+            }
+            tokio::select! {
+                _ = ctx.cancelled() => return Ok(RunExit::Cancelled),
+                _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+            }
+        };
+        // Bounded by the test's virtual deadline: every turn is 100 ms of it.
+        loop {
+            tokio::select! {
+                _ = ctx.cancelled() => return Ok(RunExit::Cancelled),
+                _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+            }
+            match self
+                .fencer
+                .put_checkpoint("pos", (at + 1).to_string().into_bytes())
+                .await
+            {
+                Ok(()) => {
+                    at += 1;
+                    self.check_accepted(at);
+                }
+                Err(ClusterError::Fenced { .. }) => {
+                    // Deposed: the worker stops this run; wait for it.
+                    ctx.cancelled().await;
+                    return Ok(RunExit::Cancelled);
+                }
+                Err(_) => {} // unreachable for now: try again next turn
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Step {
+    Desire(usize, DesiredStage),
+    FailKeepAlives(usize, u64),
+    Crash(usize),
+    Restart(usize),
+    Shutdown(usize),
+    Unreachable(u64),
+    Wait(u64),
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    let stage = prop_oneof![
+        4 => Just(DesiredStage::Running),
+        3 => Just(DesiredStage::Paused),
+        1 => Just(DesiredStage::Stopped),
+    ];
+    prop_oneof![
+        6 => (0..TASKS.len(), stage).prop_map(|(t, s)| Step::Desire(t, s)),
+        2 => (0..WORKERS.len(), 200u64..4_000).prop_map(|(w, ms)| Step::FailKeepAlives(w, ms)),
+        2 => (0..WORKERS.len()).prop_map(Step::Crash),
+        2 => (0..WORKERS.len()).prop_map(Step::Restart),
+        1 => (0..WORKERS.len()).prop_map(Step::Shutdown),
+        1 => (100u64..3_000).prop_map(Step::Unreachable),
+        4 => (10u64..3_000).prop_map(Step::Wait),
+    ]
+}
+
+fn factory(
+    reg: Shared,
+    store: MemoryCoordinator,
+) -> impl Fn(TaskSpec) -> Result<TaskBuilder, taskstage::cluster::FactoryError> + Send + Sync + 'static
+{
+    move |spec: TaskSpec| {
+        Ok(Task::builder(spec.task.as_str()).unit(Probe {
+            task: spec.task.as_str().to_owned(),
+            fencer: spec.fencer,
+            reg: Arc::clone(&reg),
+            store: store.clone(),
+        }))
+    }
+}
+
+async fn join(store: &MemoryCoordinator, id: &str, reg: &Shared) -> Worker {
+    Worker::builder(store.clone(), PREFIX, id)
+        .ttl(Duration::from_secs(2))
+        .stop_bound(Duration::from_millis(600))
+        .resync(Duration::from_millis(200))
+        .join(factory(Arc::clone(reg), store.clone()))
+        .await
+        .expect("join on a reachable in-memory store")
+}
+
+/// Observed-truthfulness, checked between steps.
+async fn check_observed(controller: &Controller, reg: &Shared) {
+    for task in TASKS {
+        let Ok(status) = controller.status(task).await else {
+            continue;
+        };
+        let Some(observed) = status.current_observed() else {
+            continue;
+        };
+        if observed.desired_revision == status.desired_revision && observed.stage.is_at_rest() {
+            let alive = lock(reg).alive.get(task).cloned().unwrap_or_default();
+            if !alive.is_empty() {
+                lock(reg).violations.push(format!(
+                    "{task}: observed {} for the current desired revision while runs {alive:?} are alive",
+                    observed.stage
+                ));
+            }
+        }
+    }
+}
+
+async fn run_case(steps: Vec<Step>) -> Result<(), String> {
+    if std::env::var_os("CLUSTER_TRACE").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter("taskstage=debug")
+            .with_test_writer()
+            .try_init();
+    }
+    let store = MemoryCoordinator::new();
+    let reg: Shared = Arc::default();
+    let controller = Controller::new(store.clone(), PREFIX).map_err(|e| e.to_string())?;
+    for task in TASKS {
+        controller
+            .create(task, Vec::new(), DesiredStage::Running)
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    let mut workers: Vec<Option<Worker>> = Vec::new();
+    for id in WORKERS {
+        workers.push(Some(join(&store, id, &reg).await));
+    }
+    let mut desired: Vec<DesiredStage> = vec![DesiredStage::Running; TASKS.len()];
+    for step in steps {
+        match step {
+            Step::Desire(t, stage) => {
+                match controller.set_desired(TASKS[t], stage).await {
+                    Ok(_) => desired[t] = stage,
+                    Err(ClusterError::Stopped { .. }) => {} // stopped is final
+                    Err(e) => return Err(format!("set_desired: {e}")),
+                }
+            }
+            Step::FailKeepAlives(w, ms) => {
+                if let Some(worker) = &workers[w] {
+                    store.fail_keep_alives(worker.lease(), true);
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                    store.fail_keep_alives(worker.lease(), false);
+                }
+            }
+            Step::Crash(w) => {
+                if let Some(worker) = workers[w].take() {
+                    worker.crash().await;
+                }
+            }
+            Step::Restart(w) => {
+                if workers[w].as_ref().is_none_or(Worker::is_finished) {
+                    workers[w] = Some(join(&store, WORKERS[w], &reg).await);
+                }
+            }
+            Step::Shutdown(w) => {
+                if let Some(worker) = workers[w].take() {
+                    // A lost lease is a legitimate answer here.
+                    let _ = worker.shutdown().await;
+                }
+            }
+            Step::Unreachable(ms) => {
+                store.set_unreachable(true);
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                store.set_unreachable(false);
+            }
+            Step::Wait(ms) => tokio::time::sleep(Duration::from_millis(ms)).await,
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        check_observed(&controller, &reg).await;
+        let violations = std::mem::take(&mut lock(&reg).violations);
+        if !violations.is_empty() {
+            return Err(violations.join("\n"));
+        }
+    }
+
+    // Faults stop: the store healed, and every worker that is gone (crashed, shut
+    // down, or ended by a lease lost during the faults, which may happen a moment
+    // from now) is joined again, on every turn of the wait below.
+    store.set_unreachable(false);
+    for (t, task) in TASKS.iter().enumerate() {
+        // Converged: the answer comes from a live worker (a crashed owner stays the
+        // owner until the store expires its lease), or the task is released.
+        // Bounded: 600 turns of 100 ms of virtual time.
+        let mut last = None;
+        for _ in 0..600 {
+            for (w, slot) in workers.iter_mut().enumerate() {
+                if slot.as_ref().is_none_or(Worker::is_finished) {
+                    *slot = Some(join(&store, WORKERS[w], &reg).await);
+                }
+            }
+            let live: Vec<i64> = workers.iter().flatten().map(Worker::lease).collect();
+            let status = controller.status(task).await.map_err(|e| e.to_string())?;
+            if status.desired != desired[t] {
+                return Err(format!(
+                    "{task}: desired {} != {}",
+                    status.desired, desired[t]
+                ));
+            }
+            let live_owner = status.owner_lease.is_none_or(|l| live.contains(&l));
+            // A report stays until its owner can write again: an owner that fenced
+            // itself while the store was away still shows its last report. So
+            // converged also means that what runs is what is desired.
+            let alive = lock(&reg).alive.get(*task).map_or(0, Vec::len);
+            let want = usize::from(desired[t] == DesiredStage::Running);
+            if live_owner && status.answers(status.desired_revision) && alive == want {
+                last = None;
+                break;
+            }
+            last = Some((status, alive));
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        if let Some((status, alive)) = last {
+            return Err(format!(
+                "{task} never converged to {} within 60 s ({alive} runs alive): {status:?}",
+                desired[t]
+            ));
+        }
+    }
+    check_observed(&controller, &reg).await;
+    let violations = std::mem::take(&mut lock(&reg).violations);
+    for worker in workers.into_iter().flatten() {
+        let _ = worker.shutdown().await;
+    }
+    if violations.is_empty() {
+        Ok(())
+    } else {
+        Err(violations.join("\n"))
+    }
+}
+
+fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(128)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: cases(),
+        failure_persistence: Some(Box::new(FileFailurePersistence::Direct(
+            "proptest-regressions/cluster_prop.txt",
+        ))),
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn the_real_worker_keeps_one_run_and_converges(steps in proptest::collection::vec(step(), 1..24)) {
+        // Virtual time bounds every wait inside a case; this bounds the real time, so
+        // that a loop that spins without letting the clock advance fails the test
+        // instead of hanging it.
+        let (done, result) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .start_paused(true)
+                .build()
+                .expect("a current-thread runtime");
+            let _ = done.send(runtime.block_on(run_case(steps)));
+        });
+        let result = result
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|_| Err("the case ran 30 s of real time: a loop spins".into()));
+        prop_assert!(result.is_ok(), "{}", result.unwrap_err());
+    }
+}
+
+/// A unit that never returns, whatever it is asked.
+struct Stubborn;
+
+impl Unit for Stubborn {
+    async fn run(&mut self, _ctx: RunContext) -> Result<RunExit, RunError> {
+        std::future::pending::<()>().await;
+        Ok(RunExit::Completed)
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pause_that_cannot_be_answered_times_out_naming_the_task_owner_and_stage() {
+    let store = MemoryCoordinator::new();
+    let controller = Controller::new(store.clone(), PREFIX).unwrap();
+    controller
+        .create("stuck", Vec::new(), DesiredStage::Running)
+        .await
+        .unwrap();
+    // Nobody owns it yet.
+    let error = controller
+        .pause_within("stuck", Duration::from_secs(1))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&error, ClusterError::Timeout { command: "pause", task, owner: None, stage: None, .. } if task.as_str() == "stuck"),
+        "{error}"
+    );
+
+    // Owned by a worker whose run ignores cancellation: the pause is stuck in Pausing.
+    let worker = Worker::builder(store.clone(), PREFIX, "w1")
+        .ttl(Duration::from_secs(2))
+        .join(|spec: TaskSpec| Ok(Task::builder(spec.task.as_str()).unit(Stubborn)))
+        .await
+        .unwrap();
+    controller
+        .resume_within("stuck", Duration::from_secs(5))
+        .await
+        .unwrap();
+    let error = controller
+        .pause_within("stuck", Duration::from_secs(3))
+        .await
+        .unwrap_err();
+    match &error {
+        ClusterError::Timeout {
+            owner: Some(owner),
+            stage: Some(stage),
+            ..
+        } => {
+            assert_eq!(owner.as_str(), "w1");
+            assert_eq!(*stage, taskstage::Stage::Pausing);
+        }
+        other => panic!("not a timeout naming the owner and the stage: {other}"),
+    }
+    let text = error.to_string();
+    assert!(
+        text.contains("stuck") && text.contains("w1") && text.contains("Pausing"),
+        "{text}"
+    );
+    // A stop escalates to abort: the run goes, and the stop is answered.
+    let stopped = controller
+        .stop_within("stuck", Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(stopped.stage, taskstage::Stage::Stopped);
+    worker.shutdown().await.unwrap();
+}

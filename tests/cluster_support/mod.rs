@@ -1,0 +1,421 @@
+//! Test harness for the etcd tests: a 3-member etcd on 127.0.0.1 with random free
+//! ports and temporary data directories, stopped by pid (SIGTERM, then SIGKILL) when
+//! its guard drops, also when a test fails or panics; and a probe unit that counts
+//! its live runs and writes fenced checkpoints.
+//!
+//! When no `etcd` binary is found (on `PATH`, or at `$ETCD_BIN`), a test is skipped
+//! with a line saying so, except under `CI=true`, where it fails.
+
+#![allow(dead_code)] // each test file uses a part of it
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use taskstage::cluster::{ClusterError, Fencer, TaskSpec};
+use taskstage::{RunContext, RunError, RunExit, Task, TaskBuilder, Unit};
+
+/// Only one etcd cluster at a time: three members per test on two cores is
+/// enough load to make elections flap.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// A running etcd cluster; dropping it stops every member by pid.
+pub(crate) struct EtcdCluster {
+    members: Vec<Member>,
+    dir: PathBuf,
+    _turn: MutexGuard<'static, ()>,
+}
+
+struct Member {
+    name: String,
+    client_url: String,
+    child: Option<Child>,
+}
+
+fn etcd_binary() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os("ETCD_BIN") {
+        let path = PathBuf::from(path);
+        return path.is_file().then_some(path);
+    }
+    let paths = std::env::var_os("PATH")?;
+    std::env::split_paths(&paths)
+        .map(|dir| dir.join("etcd"))
+        .find(|candidate| candidate.is_file())
+}
+
+fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0 for a free port");
+    listener
+        .local_addr()
+        .expect("the listener's address")
+        .port()
+}
+
+/// Whether member at `port` answers `/health` with `"health":"true"`.
+fn healthy(port: u16) -> bool {
+    let Ok(mut stream) =
+        TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(200))
+    else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
+    let request = format!("GET /health HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\r\n");
+    if stream.write_all(request.as_bytes()).is_err() {
+        return false;
+    }
+    let mut body = String::new();
+    let _ = stream.read_to_string(&mut body);
+    body.contains("\"health\":\"true\"")
+}
+
+impl EtcdCluster {
+    /// Starts `n` members, or returns `None` (after saying so) when no etcd binary
+    /// exists and `CI` is not `true`.
+    ///
+    /// # Panics
+    ///
+    /// If the binary is missing under `CI=true`, or the cluster is not healthy
+    /// within 20 s (the members are stopped first, and their logs printed).
+    pub(crate) fn start_or_skip(n: usize) -> Option<EtcdCluster> {
+        let Some(binary) = etcd_binary() else {
+            let ci = std::env::var("CI").is_ok_and(|v| v == "true");
+            assert!(
+                !ci,
+                "CI=true and no etcd binary was found (PATH or $ETCD_BIN): the etcd tests \
+                 must not be skipped on CI. Install it: apt-get install -y etcd-server etcd-client"
+            );
+            eprintln!("SKIPPED: no etcd binary on PATH (install etcd-server, or set ETCD_BIN)");
+            return None;
+        };
+        let turn = ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner);
+        let stamp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let dir =
+            std::env::temp_dir().join(format!("taskstage-etcd-{}-{stamp}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("create the cluster's temporary directory");
+        let ports: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
+        let initial: Vec<String> = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (_, peer))| format!("m{i}=http://127.0.0.1:{peer}"))
+            .collect();
+        let mut cluster = EtcdCluster {
+            members: Vec::new(),
+            dir: dir.clone(),
+            _turn: turn,
+        };
+        for (i, (client, peer)) in ports.iter().enumerate() {
+            let name = format!("m{i}");
+            let log = std::fs::File::create(dir.join(format!("{name}.log")))
+                .expect("create a member's log file");
+            let log_err = log.try_clone().expect("clone the log file handle");
+            let child = Command::new(&binary)
+                .args(["--name", &name])
+                .arg("--data-dir")
+                .arg(dir.join(&name))
+                .args([
+                    "--listen-client-urls",
+                    &format!("http://127.0.0.1:{client}"),
+                ])
+                .args([
+                    "--advertise-client-urls",
+                    &format!("http://127.0.0.1:{client}"),
+                ])
+                .args(["--listen-peer-urls", &format!("http://127.0.0.1:{peer}")])
+                .args([
+                    "--initial-advertise-peer-urls",
+                    &format!("http://127.0.0.1:{peer}"),
+                ])
+                .args(["--initial-cluster", &initial.join(",")])
+                .args(["--initial-cluster-token", &format!("taskstage-{stamp}")])
+                .args(["--initial-cluster-state", "new"])
+                .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
+                .stdin(Stdio::null())
+                .stdout(log)
+                .stderr(log_err)
+                .spawn()
+                .expect("spawn an etcd member");
+            cluster.members.push(Member {
+                name,
+                client_url: format!("http://127.0.0.1:{client}"),
+                child: Some(child),
+            });
+        }
+        // Bounded: 20 s, polling every 50 ms.
+        let started = Instant::now();
+        let deadline = started + Duration::from_secs(20);
+        loop {
+            if ports.iter().all(|(client, _)| healthy(*client)) {
+                break;
+            }
+            if Instant::now() >= deadline {
+                let logs = cluster.logs();
+                drop(cluster);
+                panic!("the etcd cluster was not healthy within 20 s; logs:\n{logs}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        eprintln!(
+            "etcd: {n} members healthy in {:.2} s",
+            started.elapsed().as_secs_f64()
+        );
+        Some(cluster)
+    }
+
+    /// Every member's client URL.
+    pub(crate) fn endpoints(&self) -> Vec<String> {
+        self.members.iter().map(|m| m.client_url.clone()).collect()
+    }
+
+    /// Kills member `i` at once (SIGKILL), as a machine loss would.
+    pub(crate) fn kill_member(&mut self, i: usize) {
+        if let Some(mut child) = self.members[i].child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Freezes member `i` (SIGSTOP): it keeps its connections open and answers
+    /// nothing, as a hung machine would. The guard thaws it before stopping it.
+    pub(crate) fn freeze_member(&mut self, i: usize) {
+        if let Some(child) = &self.members[i].child {
+            signal(child, "-STOP");
+        }
+    }
+
+    /// The index of the member with this client URL.
+    pub(crate) fn member_of(&self, url: &str) -> Option<usize> {
+        self.members.iter().position(|m| m.client_url == url)
+    }
+
+    fn logs(&self) -> String {
+        let mut out = String::new();
+        for member in &self.members {
+            let path = self.dir.join(format!("{}.log", member.name));
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(15).collect();
+            out.push_str(&format!("--- {} ---\n", member.name));
+            for line in tail.into_iter().rev() {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+        out
+    }
+
+    /// Stops every member: SIGTERM to all, up to 3 s for them to exit, then SIGKILL
+    /// (the last member may hang on SIGTERM without its peers).
+    fn stop_all(&mut self) {
+        for member in &self.members {
+            if let Some(child) = &member.child {
+                signal(child, "-CONT");
+                signal(child, "-TERM");
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(3);
+        for member in &mut self.members {
+            let Some(mut child) = member.child.take() else {
+                continue;
+            };
+            // Bounded by the shared 3 s deadline, polling every 20 ms.
+            loop {
+                match child.try_wait() {
+                    Ok(Some(_)) => break,
+                    Ok(None) if Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(20))
+                    }
+                    _ => {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Drop for EtcdCluster {
+    fn drop(&mut self) {
+        self.stop_all();
+        remove_dir(&self.dir);
+    }
+}
+
+/// Sends a signal to a child by pid, through `kill(1)`.
+fn signal(child: &Child, which: &str) {
+    let _ = Command::new("kill")
+        .args([which, &child.id().to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+}
+
+fn remove_dir(dir: &Path) {
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A free port on 127.0.0.1 where nothing listens.
+pub(crate) fn dead_endpoint() -> String {
+    format!("http://127.0.0.1:{}", free_port())
+}
+
+/// What the probes saw, across every worker of a test.
+#[derive(Default)]
+pub(crate) struct Probes {
+    next_run: u64,
+    /// Live runs per task (run ids).
+    pub alive: HashMap<String, Vec<u64>>,
+    /// The worker and the checkpoint each run started from, per task, in order.
+    pub starts: HashMap<String, Vec<(String, u64)>>,
+    /// The fencer of the latest run per (task, worker).
+    pub fencers: HashMap<(String, String), Fencer>,
+    /// Overlaps seen at a run's start.
+    pub violations: Vec<String>,
+    /// How many times the factory was called.
+    pub built: usize,
+}
+
+/// Probes shared between the test and its workers.
+pub(crate) type SharedProbes = Arc<Mutex<Probes>>;
+
+/// Locks the probes (a panicking test thread does not poison them for the rest).
+pub(crate) fn probes(shared: &SharedProbes) -> MutexGuard<'_, Probes> {
+    shared.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+struct AliveGuard {
+    probes: SharedProbes,
+    task: String,
+    run: u64,
+}
+
+impl Drop for AliveGuard {
+    fn drop(&mut self) {
+        if let Some(runs) = probes(&self.probes).alive.get_mut(&self.task) {
+            runs.retain(|r| *r != self.run);
+        }
+    }
+}
+
+/// A unit that resumes from its fenced checkpoint `pos` and advances it every
+/// 50 ms until cancelled.
+pub(crate) struct Counter {
+    task: String,
+    worker: String,
+    fencer: Fencer,
+    probes: SharedProbes,
+}
+
+impl Unit for Counter {
+    fn name(&self) -> &str {
+        "counter"
+    }
+
+    async fn run(&mut self, ctx: RunContext) -> Result<RunExit, RunError> {
+        // Resume from the checkpoint; bounded by the run's cancellation.
+        let mut at: u64 = loop {
+            match self.fencer.checkpoint("pos").await {
+                Ok(Some(bytes)) => break String::from_utf8_lossy(&bytes).parse().unwrap_or(0),
+                Ok(None) => break 0,
+                Err(_) => {}
+            }
+            tokio::select! {
+                _ = ctx.cancelled() => return Ok(RunExit::Cancelled),
+                _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+            }
+        };
+        let run = {
+            let mut p = probes(&self.probes);
+            p.next_run += 1;
+            let run = p.next_run;
+            let alive = p.alive.entry(self.task.clone()).or_default();
+            let before = alive.clone();
+            alive.push(run);
+            if !before.is_empty() {
+                let msg = format!("run {run} of {} started while {before:?} alive", self.task);
+                p.violations.push(msg);
+            }
+            p.starts
+                .entry(self.task.clone())
+                .or_default()
+                .push((self.worker.clone(), at));
+            run
+        };
+        let _guard = AliveGuard {
+            probes: Arc::clone(&self.probes),
+            task: self.task.clone(),
+            run,
+        };
+        loop {
+            tokio::select! {
+                _ = ctx.cancelled() => return Ok(RunExit::Cancelled),
+                _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+            }
+            match self
+                .fencer
+                .put_checkpoint("pos", (at + 1).to_string().into_bytes())
+                .await
+            {
+                Ok(()) => at += 1,
+                Err(ClusterError::Fenced { .. }) => {
+                    ctx.cancelled().await;
+                    return Ok(RunExit::Cancelled);
+                }
+                Err(_) => {}
+            }
+        }
+    }
+}
+
+/// A factory of [`Counter`] tasks for worker `worker`.
+pub(crate) fn counters(
+    worker: &str,
+    shared: &SharedProbes,
+) -> impl Fn(TaskSpec) -> Result<TaskBuilder, taskstage::cluster::FactoryError> + Send + Sync + 'static
+{
+    let worker = worker.to_owned();
+    let shared = Arc::clone(shared);
+    move |spec: TaskSpec| {
+        let task = spec.task.as_str().to_owned();
+        let mut p = probes(&shared);
+        p.built += 1;
+        p.fencers
+            .insert((task.clone(), worker.clone()), spec.fencer.clone());
+        drop(p);
+        Ok(Task::builder(task.clone()).unit(Counter {
+            task,
+            worker: worker.clone(),
+            fencer: spec.fencer,
+            probes: Arc::clone(&shared),
+        }))
+    }
+}
+
+/// Polls `check` every 20 ms until it returns `Some`, for at most `within`.
+///
+/// # Panics
+///
+/// With `what` in the message, when `check` never returned `Some` in time.
+pub(crate) async fn eventually<T, F, Fut>(within: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what} never happened within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
