@@ -527,6 +527,60 @@ fn shutting_the_runtime_down_never_hangs_and_drops_every_run() {
     }
 }
 
+/// A unit whose pre-start check says that it has started, then never returns.
+struct HangsInItsCheck(std::sync::mpsc::Sender<()>);
+
+impl taskstage::Unit for HangsInItsCheck {
+    async fn prepare(&mut self, _ctx: taskstage::RunContext) -> Result<(), taskstage::RunError> {
+        let _ = self.0.send(());
+        std::future::pending().await
+    }
+
+    async fn run(
+        &mut self,
+        ctx: taskstage::RunContext,
+    ) -> Result<taskstage::RunExit, taskstage::RunError> {
+        ctx.cancelled().await;
+        Ok(taskstage::RunExit::Cancelled)
+    }
+}
+
+#[test]
+fn shutting_the_runtime_down_during_a_pre_start_check_leaves_no_stage_stuck() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (started, in_check) = std::sync::mpsc::channel();
+    let handle =
+        runtime.block_on(async { Task::builder("t").unit(HangsInItsCheck(started)).spawn() });
+    let handle = handle.unwrap();
+    // The check is being polled (a check dropped before its first poll is another case).
+    in_check
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the pre-start check never started");
+    assert_eq!(handle.stage(), Stage::Resuming);
+    // A bounded wait is the failure condition here, not synchronisation.
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        drop(runtime);
+        done_tx.send(()).unwrap();
+    });
+    done_rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("runtime shutdown hung");
+    // The exit guard reported the dropped check: the task is not left Resuming.
+    let snap = handle.snapshot();
+    assert_eq!(
+        snap.stage,
+        Stage::Paused,
+        "a check dropped with its runtime was never reported"
+    );
+    let error = snap.outcome.as_ref().and_then(Outcome::error).unwrap();
+    assert!(error.is_unrequested_cancel(), "{error}");
+}
+
 // ---------------------------------------------------------------- bounded waiting
 
 #[tokio::test(start_paused = true)]
@@ -739,5 +793,23 @@ on_both_runtimes! {
         handle.resume_if_unchanged(now.seq).await.unwrap();
         handle.wait_for(|s| s.stage == Stage::Running && s.generation == 2).await;
         handle.stop().await.unwrap();
+    }
+}
+
+on_both_runtimes! {
+    async fn a_first_subscriber_starts_from_the_latest_change() {
+        let live = Live::new();
+        let (unit, _remote) = scripted("u", &live);
+        let handle = Task::builder("t").unit(unit).spawn_paused().unwrap();
+        // Nobody has subscribed, so no channel exists yet. A stop of a task in New
+        // publishes Stopping, then Stopped, on this thread before it returns.
+        assert_eq!(handle.stop().await.unwrap(), Stage::Stopped);
+        let events = handle.subscribe();
+        let event = *events.borrow();
+        assert_eq!(
+            (event.stage, event.seq),
+            (Stage::Stopped, handle.snapshot().seq),
+            "a first subscriber was told of a stage the task has left: {event:?}"
+        );
     }
 }

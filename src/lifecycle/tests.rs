@@ -209,15 +209,24 @@ fn a_blocking_pause_returns_once_the_run_reports() {
     let run = {
         let core = StdArc::clone(&core);
         std::thread::spawn(move || {
-            // The run: wait until cancelled, then report.
-            while !launch.cancel.0.load(Ordering::SeqCst) {
+            // The run: wait until cancelled, then report. A pause that never reaches
+            // the run fails the test after the deadline instead of hanging it: the run
+            // reports anyway, so the pause returns, and says it was never cancelled.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            let mut cancelled = launch.cancel.0.load(Ordering::SeqCst);
+            while !cancelled && std::time::Instant::now() < deadline {
                 std::thread::yield_now();
+                cancelled = launch.cancel.0.load(Ordering::SeqCst);
             }
             let _ = core.report_exit(launch.generation, Exit::Cancelled, Some(()));
+            cancelled
         })
     };
     assert_eq!(core.pause_blocking().unwrap(), Stage::Paused);
-    run.join().unwrap();
+    assert!(
+        run.join().unwrap(),
+        "the pause never reached the run's cancel handle"
+    );
     assert!(core.snapshot().user_paused);
 }
 

@@ -1,0 +1,645 @@
+#!/usr/bin/env bash
+# Mutation check: puts small, plausible bugs into the crate one at a time and runs the
+# suite named for each. A mutant is CAUGHT when its suite fails (a suite that hangs
+# past SUITE_TIMEOUT counts as failing, and says so) and SURVIVED when it passes.
+# Prints a Markdown table; exits non-zero if any mutant survived, did not apply (its
+# original text is gone: the mutant is stale), did not build, or its suite ran no test.
+#
+#   bash scripts/mutation-check.sh                # every mutant
+#   MUTANTS="1 5 7" bash scripts/mutation-check.sh  # a subset
+#
+# Environment:
+#   MUTANTS           numbers of the mutants to run (default: all)
+#   BASELINE=0        skip the run of each needed suite on the unmutated tree
+#   SUITE_TIMEOUT     seconds a suite may run before it counts as hung (default 600)
+#   CARGO_TARGET_DIR  target dir of the normal builds (default: cargo's)
+#   LOOM_TARGET_DIR   target dir of the loom builds (default: target/loom)
+#   MUTANTS_LOG_DIR   where each suite's output is kept (default: a fresh temp dir)
+#
+# Every edit is an exact text replacement that must find its original text (once, or
+# first after an anchor that occurs once), so a mutant whose code has moved fails
+# loudly instead of silently testing the unmutated crate. Each mutated file is
+# restored with `git checkout` after its run, and on any exit; the check refuses to
+# start on a tree with uncommitted changes, so that restore can lose nothing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SUITE_TIMEOUT=${SUITE_TIMEOUT:-600}
+LOOM_TARGET_DIR=${LOOM_TARGET_DIR:-target/loom}
+LOG_DIR=${MUTANTS_LOG_DIR:-$(mktemp -d)}
+mkdir -p "$LOG_DIR"
+
+if ! git diff --quiet HEAD --; then
+  echo "mutation-check: the work tree has uncommitted changes; commit or stash them first" >&2
+  exit 2
+fi
+
+# ---------------------------------------------------------------- the machinery
+
+MUTATED=""
+restore() {
+  if [[ -n "$MUTATED" ]]; then
+    git checkout -q -- "$MUTATED"
+    MUTATED=""
+  fi
+  # Also whatever a mutant touched before it was recorded (an interrupt mid-edit).
+  local touched
+  touched=$(git diff --name-only -- src)
+  if [[ -n "$touched" ]]; then
+    # shellcheck disable=SC2086
+    git checkout -q -- $touched
+  fi
+  # A failing property test saves its seed; the committed seed files stay as they are.
+  git checkout -q -- proptest-regressions
+}
+trap restore EXIT
+trap 'restore; exit 130' INT TERM
+
+# Set by a mutant's definition.
+WHERE="" MUTANT="" SUITE="" APPLY=0
+
+# The replacement itself: argv = FILE ANCHOR, stdin = the mutant's definition.
+read -r -d '' EDIT_PY <<'PY' || true
+import sys
+
+path, anchor = sys.argv[1], sys.argv[2]
+parts = sys.stdin.read().split("\n@@@@\n")
+if len(parts) != 2:
+    sys.exit(f"{path}: a mutant needs one original and one mutated text")
+old, new = parts
+text = open(path, encoding="utf-8").read()
+if anchor:
+    if text.count(anchor) != 1:
+        sys.exit(f"{path}: anchor {anchor!r} occurs {text.count(anchor)} times, not once")
+    at = text.find(old, text.index(anchor) + len(anchor))
+    if at < 0:
+        sys.exit(f"{path}: the original text is not after {anchor!r}: {old!r}")
+else:
+    if text.count(old) != 1:
+        sys.exit(f"{path}: the original text occurs {text.count(old)} times, not once: {old!r}")
+    at = text.index(old)
+open(path, "w", encoding="utf-8").write(text[:at] + new + text[at + len(old):])
+PY
+
+# edit FILE [ANCHOR] <<'EOF'
+# original text
+# @@@@
+# mutated text
+# EOF
+# With APPLY=1 replaces the original text in FILE, which must occur exactly once (or,
+# with ANCHOR, which must occur exactly once, first after ANCHOR). Otherwise only
+# reads the definition.
+edit() {
+  local file=$1 anchor=${2-} spec
+  spec=$(cat)
+  [[ $APPLY == 1 ]] || return 0
+  MUTATED=$file
+  printf '%s' "$spec" | python3 -c "$EDIT_PY" "$file" "$anchor"
+}
+
+# The command a suite name stands for: `--lib`, `--test NAME [FILTER]`, or
+# `loom FILTER` (the loom models, built with their cfg in release mode).
+suite_label() {
+  case $1 in
+    loom\ *) echo "\`cargo test --release --test loom ${1#loom } (cfg taskstage_loom)\`" ;;
+    *) echo "\`cargo test $1\`" ;;
+  esac
+}
+
+# Fills CMD with the command that builds (MODE=build) or runs (MODE=run) SUITE.
+suite_cmd() { # MODE SUITE
+  local mode=$1 suite=$2 args
+  case $suite in
+    loom\ *)
+      CMD=(env RUSTFLAGS="--cfg taskstage_loom" CARGO_TARGET_DIR="$LOOM_TARGET_DIR"
+        cargo test --release --test loom)
+      if [[ $mode == build ]]; then
+        CMD+=(--no-run)
+      else
+        read -r -a args <<<"${suite#loom }"
+        CMD+=(-- --test-threads=1 "${args[@]}")
+      fi ;;
+    *)
+      read -r -a args <<<"$suite"
+      if [[ $mode == build ]]; then
+        # A test-name filter is not a build argument.
+        CMD=(cargo test "${args[@]:0:2}" --no-run)
+      else
+        CMD=(cargo test "${args[@]}")
+      fi ;;
+  esac
+}
+
+# Runs SUITE into LOG; prints PASS, FAIL, HUNG, NO-TESTS or BUILD-FAILED.
+run_suite() { # SUITE LOG
+  local suite=$1 log=$2 rc=0
+  suite_cmd build "$suite"
+  if ! "${CMD[@]}" >"$log" 2>&1; then
+    echo BUILD-FAILED
+    return 0
+  fi
+  suite_cmd run "$suite"
+  timeout --kill-after=30 "$SUITE_TIMEOUT" "${CMD[@]}" >>"$log" 2>&1 || rc=$?
+  # A filter that matches no test would make every mutant look like a survivor, and
+  # the baseline look fine: say so instead.
+  if ! grep -qE '^running [1-9]' "$log"; then
+    echo NO-TESTS
+    return 0
+  fi
+  case $rc in
+    0) echo PASS ;;
+    124 | 137) echo HUNG ;;
+    *) echo FAIL ;;
+  esac
+}
+
+# The failing tests named in a suite's output: "N failed: `a`, `b`, `c` …".
+failures() {
+  local names count
+  names=$(grep -oE '^test [^ ]+ \.\.\. FAILED' "$1" | sed -E 's/^test ([^ ]+) .*/\1/' || true)
+  [[ -n $names ]] || return 0
+  count=$(wc -l <<<"$names")
+  printf '%s failed: %s' "$count" "$(head -n3 <<<"$names" | sed 's/.*/`&`/' | paste -sd, - | sed 's/,/, /g')"
+  ((count <= 3)) || printf ' …'
+}
+
+# ---------------------------------------------------------------- the mutants
+# Each sets WHERE, MUTANT and SUITE, then makes its edit. Numbers are stable: a
+# mutant that is retired keeps its number unused.
+
+m1() {
+  WHERE="lifecycle/driver.rs: run, check passed"
+  MUTANT="the unit is not handed back in the PrepOk report (None instead of the held unit): it is not in its slot when Paused is published"
+  SUITE="--test truth"
+  edit src/lifecycle/driver.rs <<'EOF'
+                    .report_prepared(start.generation, Exit::Ok, held);
+@@@@
+                    .report_prepared(start.generation, Exit::Ok, None);
+EOF
+}
+
+m2() {
+  WHERE="lifecycle/driver.rs: Driver::carry_out"
+  MUTANT="a stop's units are reported closed (publishing Stopped) before close_all runs"
+  SUITE="--test truth"
+  edit src/lifecycle/driver.rs <<'EOF'
+            close_all(units);
+            let closed = this.core.report_closed(generation);
+@@@@
+            let closed = this.core.report_closed(generation);
+            close_all(units);
+EOF
+}
+
+m3() {
+  WHERE="lifecycle/driver.rs: run, run completed"
+  MUTANT="a completed unit is closed after report_exit (Finished, or the next unit's Running, is published before close returns)"
+  SUITE="--test truth"
+  edit src/lifecycle/driver.rs <<'EOF'
+                close_one(&mut unit);
+                drop(unit);
+                let applied = driver.core.report_exit(start.generation, Exit::Ok, None);
+@@@@
+                let applied = driver.core.report_exit(start.generation, Exit::Ok, None);
+                close_one(&mut unit);
+                drop(unit);
+EOF
+}
+
+m4() {
+  WHERE="lifecycle/mod.rs: WaitUntil::poll"
+  MUTANT="the wait_until predicate (user code) is evaluated while the core's lock is held, as Settled::poll does with its own check"
+  SUITE="--test truth"
+  edit src/lifecycle/mod.rs <<'EOF'
+        let snapshot = {
+            let mut state = lock(&this.core.state);
+            state.waiters.register(&mut this.id, cx.waker());
+            state.snapshot()
+        };
+        // Invariant 7: the predicate is user code; no lock of ours is held here.
+        if (this.predicate)(&snapshot) {
+            lock(&this.core.state).waiters.remove(this.id.take());
+            return Poll::Ready(snapshot);
+        }
+        Poll::Pending
+@@@@
+        let mut state = lock(&this.core.state);
+        let snapshot = state.snapshot();
+        if (this.predicate)(&snapshot) {
+            state.waiters.remove(this.id.take());
+            return Poll::Ready(snapshot);
+        }
+        state.waiters.register(&mut this.id, cx.waker());
+        Poll::Pending
+EOF
+}
+
+m5() {
+  WHERE="lifecycle/mod.rs: Lifecycle::abort"
+  MUTANT="an abort is sent only while the stage is Running (dropped in Stopping, where a stop escalates)"
+  SUITE="--test runtime"
+  edit src/lifecycle/mod.rs <<'EOF'
+            (state.generation == generation)
+                .then(|| state.cancel.clone())
+@@@@
+            (state.generation == generation && state.stage == Stage::Running)
+                .then(|| state.cancel.clone())
+EOF
+}
+
+m6() {
+  WHERE="lifecycle/mod.rs: Settle::reached"
+  MUTANT="a stop waits only while a run is named by the stage (Running, Pausing, Resuming): it settles at Stopping, so stop_within does not wait"
+  SUITE="--test runtime"
+  edit src/lifecycle/mod.rs <<'EOF'
+            Command::Stop if !stage.is_terminal() => None,
+@@@@
+            Command::Stop if matches!(stage, Stage::Running | Stage::Pausing | Stage::Resuming) => None,
+EOF
+}
+
+m7() {
+  WHERE="lifecycle/waiters.rs: Waiters::register"
+  MUTANT="a waiter polled again keeps the waker it registered first (no clone_from refresh)"
+  SUITE="--lib"
+  edit src/lifecycle/waiters.rs <<'EOF'
+            Some((_, stored)) => {
+                #[cfg(taskstage_loom)]
+                if super::prefix::on(super::prefix::Defect::StaleWaker) {
+                    return;
+                }
+                // A future polled again may have moved to another task: the newest
+                // waker is the one to wake.
+                if !stored.will_wake(waker) {
+                    stored.clone_from(waker);
+                }
+            }
+@@@@
+            // Already registered: the waker it registered with will do.
+            Some(_) => {}
+EOF
+}
+
+m8() {
+  WHERE="lifecycle/mod.rs: Lifecycle::input"
+  MUTANT="the generation fence is removed: a stale exit report reaches the table"
+  SUITE="--lib"
+  edit src/lifecycle/mod.rs <<'EOF'
+            if generation != state.generation {
+                return Ok(Applied::ignored_with(returned));
+            }
+@@@@
+            let _ = generation;
+EOF
+}
+
+m9() {
+  WHERE="lifecycle/mod.rs: Lifecycle::input"
+  MUTANT="the generation fence stops only older reports (<), not a report of a generation that is not current yet"
+  SUITE="--lib"
+  edit src/lifecycle/mod.rs <<'EOF'
+            if generation != state.generation {
+@@@@
+            if generation < state.generation {
+EOF
+}
+
+m10() {
+  WHERE="table.rs: Paused × stop"
+  MUTANT="stop in Paused goes straight to Stopped (with the close effect), not to Stopping until the closes are reported"
+  SUITE="--test table"
+  edit src/table.rs 'fn paused(' <<'EOF'
+                .effects(|e| e.close_units = true)
+                .to(TableState::stopping()),
+@@@@
+                .effects(|e| e.close_units = true)
+                .to(TableState::stopped()),
+EOF
+}
+
+m11() {
+  WHERE="table.rs: Stopping × units closed"
+  MUTANT="the report that every unit is closed is ignored in Stopping"
+  SUITE="--test table"
+  edit src/table.rs <<'EOF'
+            Input::Closed => context.accept().to(TableState::stopped()),
+@@@@
+            Input::Closed => context.ignore(),
+EOF
+}
+
+m12() {
+  WHERE="table.rs: Pausing × run/prep cancelled"
+  MUTANT="a pause that ends in a cancelled run does not set the user-paused mark"
+  SUITE="--test table"
+  edit src/table.rs <<'EOF'
+                .outcome(OutcomeChange::Cancelled)
+                .mark(MarkChange::Set)
+@@@@
+                .outcome(OutcomeChange::Cancelled)
+EOF
+}
+
+m13() {
+  WHERE="lifecycle/mod.rs: State::put_back"
+  MUTANT="a unit handed back in a report is returned to the caller (as an orphan) instead of re-entering its slot"
+  SUITE="--lib"
+  edit src/lifecycle/mod.rs <<'EOF'
+            (_, Some(unit)) => {
+                *slot = Slot::Here(unit);
+                None
+            }
+@@@@
+            (_, Some(unit)) => Some(unit),
+EOF
+}
+
+m14() {
+  WHERE="lifecycle/mod.rs: close_units effect"
+  MUTANT="the units a stop closes start after the current one (off by one): the current unit is never closed"
+  SUITE="--lib"
+  edit src/lifecycle/mod.rs <<'EOF'
+            let remaining = state.unit.min(state.units)..state.units;
+@@@@
+            let remaining = (state.unit + 1).min(state.units)..state.units;
+EOF
+}
+
+m15() {
+  WHERE="lifecycle/mod.rs: Lifecycle::input, stage publication"
+  MUTANT="the lock-free stage is stored with Relaxed instead of Release"
+  SUITE="loom e_dropped_pause_future"
+  edit src/lifecycle/mod.rs <<'EOF'
+        self.stage.store(step.to as u8, Ordering::Release);
+@@@@
+        self.stage.store(step.to as u8, Ordering::Relaxed);
+EOF
+}
+
+m16() {
+  WHERE="lifecycle/mod.rs: Lifecycle::input, start effect"
+  MUTANT="a start gets a fresh cancel handle instead of its generation's (made when the generation became current)"
+  SUITE="--lib"
+  edit src/lifecycle/mod.rs <<'EOF'
+                cancel: state.current_cancel(from),
+@@@@
+                cancel: K::new_handle(),
+EOF
+}
+
+m17() {
+  WHERE="lifecycle/mod.rs: Lifecycle::input, wake-up"
+  MUTANT="the condition variable is notified only when more than one thread is blocked on it (a single blocked thread is never woken)"
+  SUITE="loom a_pause_vs_run_exit"
+  edit src/lifecycle/mod.rs <<'EOF'
+        let notify_threads = state.blocked > 0;
+@@@@
+        let notify_threads = state.blocked > 1;
+EOF
+}
+
+m18() {
+  WHERE="lifecycle/mod.rs: Lifecycle::input, wake-up"
+  MUTANT="the async waiters' wakers are dropped instead of woken"
+  SUITE="--lib"
+  edit src/lifecycle/mod.rs <<'EOF'
+        for waker in wakers {
+            waker.wake();
+        }
+@@@@
+        drop(wakers);
+EOF
+}
+
+m19() {
+  WHERE="lifecycle/mod.rs: Settled::drop"
+  MUTANT="a dropped settle future unregisters its waker only when it never registered one (inverted check)"
+  SUITE="--lib"
+  edit src/lifecycle/mod.rs 'impl<K, C, U> Drop for Settled<' <<'EOF'
+        if self.id.is_some() {
+@@@@
+        if self.id.is_none() {
+EOF
+}
+
+m20() {
+  WHERE="lifecycle/mod.rs: unit_done effect"
+  MUTANT="moving to the next unit keeps unit_started: the next unit's first run is told it is a resume"
+  SUITE="--test prop_core"
+  edit src/lifecycle/mod.rs <<'EOF'
+            state.unit += 1;
+            state.unit_started = false;
+@@@@
+            state.unit += 1;
+EOF
+}
+
+m21() {
+  WHERE="lifecycle/mod.rs: Lifecycle::input, RunOk"
+  MUTANT="the last unit is recognised one unit late (> instead of >=): its completion launches a unit that does not exist"
+  SUITE="--test runtime"
+  edit src/lifecycle/mod.rs <<'EOF'
+                    last_unit: state.unit + 1 >= state.units,
+@@@@
+                    last_unit: state.unit + 1 > state.units,
+EOF
+}
+
+m22() {
+  WHERE="lifecycle/driver.rs: run, check passed"
+  MUTANT="the exit guard is not re-armed for the launch that follows a passed check: a run dropped by its runtime is never reported"
+  SUITE="--test runtime"
+  edit src/lifecycle/driver.rs <<'EOF'
+                        guard.kind = StartKind::Launch;
+                        guard.armed = true;
+@@@@
+                        guard.kind = StartKind::Launch;
+EOF
+}
+
+m23() {
+  WHERE="lifecycle/driver.rs: run, exit guard"
+  MUTANT="the exit guard starts disarmed: a check (or a next unit's run) dropped by its runtime is never reported"
+  SUITE="--test runtime"
+  edit src/lifecycle/driver.rs <<'EOF'
+        armed: true,
+@@@@
+        armed: false,
+EOF
+}
+
+m24() {
+  WHERE="lifecycle/driver.rs: run, fast quit"
+  MUTANT="only a resume's check is raced against the cancel: the first start's check is not dropped by a pause or a stop"
+  SUITE="--test runtime"
+  edit src/lifecycle/driver.rs <<'EOF'
+            let cancel = (kind == StartKind::Prepare).then(|| start.cancel.cancelled());
+@@@@
+            let cancel =
+                (kind == StartKind::Prepare && start.resume).then(|| start.cancel.cancelled());
+EOF
+}
+
+m25() {
+  WHERE="runtime/handle.rs: Handle::stop_within"
+  MUTANT="the stop escalation waits a second grace period without aborting the run"
+  SUITE="--test runtime"
+  edit src/runtime/handle.rs <<'EOF'
+                shared.abort(settle.generation());
+                match tokio::time::timeout(grace, shared.core().settled(settle)).await {
+@@@@
+                match tokio::time::timeout(grace, shared.core().settled(settle)).await {
+EOF
+}
+
+m26() {
+  WHERE="runtime/handle.rs: Owner::drop"
+  MUTANT="dropping the last handle pauses the task instead of stopping it"
+  SUITE="--test runtime"
+  edit src/runtime/handle.rs <<'EOF'
+        let Ok(settle) = Driver::command(shared, Command::Stop) else {
+@@@@
+        let Ok(settle) = Driver::command(shared, Command::Pause) else {
+EOF
+}
+
+m27() {
+  WHERE="runtime/handle.rs: Owner::drop"
+  MUTANT="dropping the last handle leaves a task at rest (New, Paused) as it is: its units are never closed"
+  SUITE="--test policy"
+  edit src/runtime/handle.rs 'impl<C: Send + Sync + '"'"'static> Drop for Owner<C>' <<'EOF'
+        if shared.core().stage().is_terminal() {
+@@@@
+        if shared.core().stage().is_at_rest() {
+EOF
+}
+
+m28() {
+  WHERE="runtime/shared.rs: Tokio::published"
+  MUTANT="the sequence check is inverted: newer stage events are dropped, older ones kept"
+  SUITE="--test runtime"
+  edit src/runtime/shared.rs <<'EOF'
+            if event.seq <= events.latest.seq {
+@@@@
+            if event.seq > events.latest.seq {
+EOF
+}
+
+m29() {
+  WHERE="runtime/shared.rs: Held::apply_config"
+  MUTANT="the applied configuration is recorded before the comparison, so a new configuration is never applied"
+  SUITE="--test runtime"
+  edit src/runtime/shared.rs <<'EOF'
+        if Arc::ptr_eq(&self.applied, config) {
+            return Ok(());
+        }
+        self.unit.apply_config(config)?;
+        self.applied = Arc::clone(config);
+        Ok(())
+@@@@
+        self.applied = Arc::clone(config);
+        if Arc::ptr_eq(&self.applied, config) {
+            return Ok(());
+        }
+        self.unit.apply_config(config)?;
+        Ok(())
+EOF
+}
+
+m30() {
+  WHERE="runtime/shared.rs: Tokio::subscribe"
+  MUTANT="the first subscription's channel starts from the initial event (New) instead of the latest change"
+  SUITE="--test runtime"
+  edit src/runtime/shared.rs <<'EOF'
+            .get_or_insert_with(|| watch::Sender::new(latest))
+@@@@
+            .get_or_insert_with(|| watch::Sender::new(StageEvent::initial()))
+EOF
+}
+
+m31() {
+  WHERE="runtime/handle.rs: Owner::drop"
+  MUTANT="after the last handle is dropped, a run that ignores cancellation past the grace period is left running (no abort)"
+  SUITE="--test runtime"
+  edit src/runtime/handle.rs <<'EOF'
+                {
+                    reaper.abort(settle.generation());
+                }
+@@@@
+                {
+                    tracing::warn!("run ignored cancellation after the last handle was dropped");
+                }
+EOF
+}
+
+ALL=$(declare -F | awk '$3 ~ /^m[0-9]+$/ { print substr($3, 2) }' | sort -n | tr '\n' ' ')
+SELECTED=${MUTANTS:-$ALL}
+for n in $SELECTED; do
+  if ! declare -F "m$n" >/dev/null; then
+    echo "mutation-check: no mutant $n (there are: $ALL)" >&2
+    exit 2
+  fi
+done
+
+# ---------------------------------------------------------------- baseline
+
+declare -A NEEDED=()
+for n in $SELECTED; do
+  APPLY=0 "m$n"
+  NEEDED["$SUITE"]=1
+done
+
+started=$(date +%s)
+if [[ ${BASELINE:-1} != 0 ]]; then
+  for suite in "${!NEEDED[@]}"; do
+    echo "baseline: $(suite_label "$suite")" >&2
+    result=$(run_suite "$suite" "$LOG_DIR/baseline-${suite//[^A-Za-z0-9_]/_}.log")
+    if [[ $result != PASS ]]; then
+      echo "mutation-check: $(suite_label "$suite") does not pass on the unmutated tree ($result); see $LOG_DIR" >&2
+      exit 2
+    fi
+  done
+fi
+
+# ---------------------------------------------------------------- the run
+
+failed=0
+rows=()
+for n in $SELECTED; do
+  APPLY=0 "m$n"
+  label=$(suite_label "$SUITE")
+  log="$LOG_DIR/mutant-$n.log"
+  t0=$(date +%s)
+  if ! (APPLY=1 "m$n") 2>"$log"; then
+    result="NOT APPLIED (stale mutant: $(tail -n1 "$log"))"
+    failed=1
+    MUTATED=$(git diff --name-only | head -n1)
+  else
+    MUTATED=$(git diff --name-only | head -n1)
+    case $(run_suite "$SUITE" "$log") in
+      PASS) result="**SURVIVED**"; failed=1 ;;
+      FAIL)
+        why=$(failures "$log")
+        result="CAUGHT${why:+ ($why)}" ;;
+      HUNG) result="CAUGHT (the suite hung; killed after ${SUITE_TIMEOUT} s)" ;;
+      BUILD-FAILED) result="BUILD FAILED (the mutant does not compile)"; failed=1 ;;
+      NO-TESTS) result="NO TESTS RAN (the suite's filter matches nothing)"; failed=1 ;;
+    esac
+  fi
+  restore
+  echo "mutant $n: $result ($(($(date +%s) - t0)) s)" >&2
+  rows+=("| $n | $WHERE | $MUTANT | $label | $result |")
+done
+
+if ! git diff --quiet HEAD --; then
+  echo "mutation-check: the tree is not clean after the run" >&2
+  git status --short >&2
+  failed=1
+fi
+
+echo "| # | where | mutant | caught by | result |"
+echo "|---|---|---|---|---|"
+printf '%s\n' "${rows[@]}"
+echo
+echo "Mutants run: $(wc -w <<<"$SELECTED"); wall time $(($(date +%s) - started)) s (baseline included); logs in $LOG_DIR"
+exit "$failed"
