@@ -356,3 +356,35 @@ fn a_wait_for_predicate_may_use_the_handle_multi_thread() {
             .unwrap(),
     );
 }
+
+/// A runtime that shuts down right after a start was spawned drops the start's future
+/// before its first poll. The start must still be reported (invariant 4: no stage
+/// outlives its cause): the task ends Paused, not Resuming for ever.
+#[test]
+fn a_start_dropped_before_its_first_poll_is_still_reported() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let closed = Arc::new(AtomicUsize::new(0));
+    let handle = runtime.block_on(async {
+        Task::builder("t")
+            .unit(closes(&closed, false, Duration::ZERO))
+            .spawn()
+            .unwrap()
+    });
+    // The check was spawned but never polled: the current-thread runtime only runs
+    // tasks inside `block_on`.
+    drop(runtime);
+    let snapshot = handle.snapshot();
+    assert_eq!(
+        snapshot.stage,
+        Stage::Paused,
+        "a start dropped unpolled left the task in {}",
+        snapshot.stage
+    );
+    assert!(
+        matches!(&snapshot.outcome, Some(Outcome::Failed(e)) if e.is_unrequested_cancel()),
+        "{:?}",
+        snapshot.outcome
+    );
+}

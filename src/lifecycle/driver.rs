@@ -388,19 +388,38 @@ async fn race<T>(
 /// When a check passes and the core answers with the launch of the same generation,
 /// the run continues in this future with the unit the core hands straight back: one
 /// spawn per resume.
-async fn run<K, C, U, R>(driver: Arc<Driver<K, C, U, R>>, mut start: Start<K, C, U>)
+fn run<K, C, U, R>(
+    driver: Arc<Driver<K, C, U, R>>,
+    start: Start<K, C, U>,
+) -> impl Future<Output = ()> + Send + 'static
 where
     K: CancelHandle,
     C: Send + Sync + 'static,
     U: Work<K, C>,
     R: Runtime,
 {
-    let mut guard = ExitGuard {
+    // Made before the future is first polled and moved into it: a future dropped
+    // unpolled (a runtime shutting down right after the spawn) drops its captures, so
+    // the guard still reports the start (invariant 4), with the unit lost.
+    let guard = ExitGuard {
         driver: Arc::clone(&driver),
         kind: start.kind,
         generation: start.generation,
         armed: true,
     };
+    run_armed(driver, start, guard)
+}
+
+async fn run_armed<K, C, U, R>(
+    driver: Arc<Driver<K, C, U, R>>,
+    mut start: Start<K, C, U>,
+    mut guard: ExitGuard<K, C, U, R>,
+) where
+    K: CancelHandle,
+    C: Send + Sync + 'static,
+    U: Work<K, C>,
+    R: Runtime,
+{
     #[cfg(taskstage_loom)]
     driver
         .installed
