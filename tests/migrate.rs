@@ -137,16 +137,40 @@ fn assert_full_run(summary: &Summary) {
     assert!(!summary.source.exists(), "{text}");
 }
 
+/// Fails the test, naming it, if it has not finished within a minute (real time: these
+/// run the migration on SQLite files). A failure condition, not synchronisation: a
+/// state that never comes fails the test instead of hanging the suite.
+async fn within<F: std::future::Future<Output = ()>>(test: &str, body: F) {
+    if tokio::time::timeout(std::time::Duration::from_secs(60), body)
+        .await
+        .is_err()
+    {
+        panic!("{test}: a state it waits for never came within 60 s");
+    }
+}
+
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_small_migration_passes_on_the_current_thread_runtime() {
-    let summary = run(&small(7)).await.expect("the migration starts");
-    assert_full_run(&summary);
+    within(
+        "a_small_migration_passes_on_the_current_thread_runtime",
+        async move {
+            let summary = run(&small(7)).await.expect("the migration starts");
+            assert_full_run(&summary);
+        },
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_small_migration_passes_on_the_multi_thread_runtime() {
-    let summary = run(&small(1_234)).await.expect("the migration starts");
-    assert_full_run(&summary);
+    within(
+        "a_small_migration_passes_on_the_multi_thread_runtime",
+        async move {
+            let summary = run(&small(1_234)).await.expect("the migration starts");
+            assert_full_run(&summary);
+        },
+    )
+    .await
 }
 
 #[test]
@@ -212,28 +236,34 @@ fn existing(source: &Path, target: &Path) -> Options {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_existing_source_is_only_read_and_a_finished_target_continues() {
-    let dir = Scratch::new("existing");
-    let (source, target) = (dir.path("source.db"), dir.path("target.db"));
-    generate(&source, 3_000);
-    let before = bytes(&source);
+    within(
+        "an_existing_source_is_only_read_and_a_finished_target_continues",
+        async move {
+            let dir = Scratch::new("existing");
+            let (source, target) = (dir.path("source.db"), dir.path("target.db"));
+            generate(&source, 3_000);
+            let before = bytes(&source);
 
-    let summary = run(&existing(&source, &target)).await.expect("starts");
-    assert_passed(&summary);
-    assert_eq!(
-        summary.writes.total(),
-        0,
-        "no writer on a source it did not create"
-    );
-    assert_eq!(summary.target_digest.unwrap().rows, 3_000);
-    assert!(!summary.continued_target);
-    assert_eq!(bytes(&source), before, "the source changed");
+            let summary = run(&existing(&source, &target)).await.expect("starts");
+            assert_passed(&summary);
+            assert_eq!(
+                summary.writes.total(),
+                0,
+                "no writer on a source it did not create"
+            );
+            assert_eq!(summary.target_digest.unwrap().rows, 3_000);
+            assert!(!summary.continued_target);
+            assert_eq!(bytes(&source), before, "the source changed");
 
-    // Again, on the same target: every unit finds its checkpoint complete.
-    let again = run(&existing(&source, &target)).await.expect("starts");
-    assert_passed(&again);
-    assert!(again.continued_target);
-    assert_eq!(again.target_digest, summary.target_digest);
-    assert_eq!(bytes(&source), before, "the source changed");
+            // Again, on the same target: every unit finds its checkpoint complete.
+            let again = run(&existing(&source, &target)).await.expect("starts");
+            assert_passed(&again);
+            assert!(again.continued_target);
+            assert_eq!(again.target_digest, summary.target_digest);
+            assert_eq!(bytes(&source), before, "the source changed");
+        },
+    )
+    .await
 }
 
 /// Runs a migration of an existing `source` that must be refused, and checks that the
@@ -255,6 +285,7 @@ async fn refused(options: &Options) -> DbError {
 
 #[tokio::test]
 async fn a_target_in_a_missing_directory_is_refused() {
+    within("a_target_in_a_missing_directory_is_refused", async move {
     let dir = Scratch::new("missing-dir");
     let source = dir.path("source.db");
     generate(&source, 200);
@@ -282,28 +313,33 @@ async fn a_target_in_a_missing_directory_is_refused() {
     );
     assert!(err.to_string().contains("does not exist"), "{err}");
     assert!(err.to_string().contains("target database"), "{err}");
+}).await
 }
 
 #[tokio::test]
 async fn a_missing_source_file_is_refused() {
-    let dir = Scratch::new("missing-source");
-    let source = dir.path("nothing-here.db");
-    let err = refused(&existing(&source, &dir.path("target.db"))).await;
-    assert!(
-        matches!(
-            &err,
-            DbError::MissingFile {
-                role: Role::Source,
-                ..
-            }
-        ),
-        "{err:?}"
-    );
-    assert!(!source.exists(), "a missing source must not be created");
+    within("a_missing_source_file_is_refused", async move {
+        let dir = Scratch::new("missing-source");
+        let source = dir.path("nothing-here.db");
+        let err = refused(&existing(&source, &dir.path("target.db"))).await;
+        assert!(
+            matches!(
+                &err,
+                DbError::MissingFile {
+                    role: Role::Source,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert!(!source.exists(), "a missing source must not be created");
+    })
+    .await
 }
 
 #[tokio::test]
 async fn files_that_are_not_databases_are_refused_and_left_alone() {
+    within("files_that_are_not_databases_are_refused_and_left_alone", async move {
     let dir = Scratch::new("not-a-db");
     let garbage: Vec<u8> = (0..8192u32).map(|i| (i * 7 + 13) as u8).collect();
 
@@ -335,131 +371,153 @@ async fn files_that_are_not_databases_are_refused_and_left_alone() {
         "{err:?}"
     );
     assert_eq!(bytes(&target), garbage, "the corrupt target was written to");
+}).await
 }
 
 #[tokio::test]
 async fn a_locked_target_is_refused() {
-    let dir = Scratch::new("locked");
-    let source = dir.path("source.db");
-    generate(&source, 200);
-    let target = dir.path("target.db");
-    let holder = rusqlite::Connection::open(&target).unwrap();
-    holder
-        .execute_batch(
-            "CREATE TABLE unrelated (x); BEGIN EXCLUSIVE; INSERT INTO unrelated VALUES (1);",
-        )
-        .unwrap();
-    let err = refused_leaving_source(&source, &target).await;
-    assert!(
-        matches!(
-            &err,
-            DbError::Locked {
-                role: Role::Target,
-                ..
-            }
-        ),
-        "{err:?}"
-    );
-    assert!(err.to_string().contains("locked"), "{err}");
-    holder.execute_batch("ROLLBACK").unwrap();
+    within("a_locked_target_is_refused", async move {
+        let dir = Scratch::new("locked");
+        let source = dir.path("source.db");
+        generate(&source, 200);
+        let target = dir.path("target.db");
+        let holder = rusqlite::Connection::open(&target).unwrap();
+        holder
+            .execute_batch(
+                "CREATE TABLE unrelated (x); BEGIN EXCLUSIVE; INSERT INTO unrelated VALUES (1);",
+            )
+            .unwrap();
+        let err = refused_leaving_source(&source, &target).await;
+        assert!(
+            matches!(
+                &err,
+                DbError::Locked {
+                    role: Role::Target,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("locked"), "{err}");
+        holder.execute_batch("ROLLBACK").unwrap();
+    })
+    .await
 }
 
 #[tokio::test]
 async fn a_locked_source_is_refused_and_left_alone() {
-    let dir = Scratch::new("locked-source");
-    let source = dir.path("source.db");
-    generate(&source, 200);
-    // In rollback-journal mode an exclusive lock keeps readers out too.
-    let holder = rusqlite::Connection::open(&source).unwrap();
-    let mode: String = holder
-        .query_row("PRAGMA journal_mode = DELETE", [], |r| r.get(0))
-        .unwrap();
-    assert_eq!(mode, "delete");
-    holder
-        .execute_batch("BEGIN EXCLUSIVE; UPDATE accounts SET name = name WHERE id = 1;")
-        .unwrap();
-    let err = refused_leaving_source(&source, &dir.path("target.db")).await;
-    assert!(
-        matches!(
-            &err,
-            DbError::Locked {
-                role: Role::Source,
-                ..
-            }
-        ),
-        "{err:?}"
-    );
-    holder.execute_batch("ROLLBACK").unwrap();
+    within("a_locked_source_is_refused_and_left_alone", async move {
+        let dir = Scratch::new("locked-source");
+        let source = dir.path("source.db");
+        generate(&source, 200);
+        // In rollback-journal mode an exclusive lock keeps readers out too.
+        let holder = rusqlite::Connection::open(&source).unwrap();
+        let mode: String = holder
+            .query_row("PRAGMA journal_mode = DELETE", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(mode, "delete");
+        holder
+            .execute_batch("BEGIN EXCLUSIVE; UPDATE accounts SET name = name WHERE id = 1;")
+            .unwrap();
+        let err = refused_leaving_source(&source, &dir.path("target.db")).await;
+        assert!(
+            matches!(
+                &err,
+                DbError::Locked {
+                    role: Role::Source,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        holder.execute_batch("ROLLBACK").unwrap();
+    })
+    .await
 }
 
 #[tokio::test]
 async fn a_target_with_an_incompatible_schema_is_refused() {
-    let dir = Scratch::new("schema");
-    let source = dir.path("source.db");
-    generate(&source, 200);
+    within(
+        "a_target_with_an_incompatible_schema_is_refused",
+        async move {
+            let dir = Scratch::new("schema");
+            let source = dir.path("source.db");
+            generate(&source, 200);
 
-    // A different `accounts` table.
-    let target = dir.path("target.db");
-    rusqlite::Connection::open(&target)
-        .unwrap()
-        .execute_batch("CREATE TABLE accounts (id INTEGER PRIMARY KEY, name TEXT)")
-        .unwrap();
-    let err = refused_leaving_source(&source, &target).await;
-    assert!(
-        matches!(&err, DbError::IncompatibleSchema { role: Role::Target, detail, .. }
+            // A different `accounts` table.
+            let target = dir.path("target.db");
+            rusqlite::Connection::open(&target)
+                .unwrap()
+                .execute_batch("CREATE TABLE accounts (id INTEGER PRIMARY KEY, name TEXT)")
+                .unwrap();
+            let err = refused_leaving_source(&source, &target).await;
+            assert!(
+                matches!(&err, DbError::IncompatibleSchema { role: Role::Target, detail, .. }
             if detail.contains("accounts") && detail.contains("balance_cents")),
-        "{err:?}"
-    );
+                "{err:?}"
+            );
 
-    // The right table, but holding rows no migration wrote.
-    let filled = dir.path("filled.db");
-    let conn = rusqlite::Connection::open(&filled).unwrap();
-    conn.execute_batch(
+            // The right table, but holding rows no migration wrote.
+            let filled = dir.path("filled.db");
+            let conn = rusqlite::Connection::open(&filled).unwrap();
+            conn.execute_batch(
         "CREATE TABLE accounts (id INTEGER PRIMARY KEY, name TEXT NOT NULL, email TEXT NOT NULL,
              country TEXT NOT NULL, balance_cents INTEGER NOT NULL, updated_at INTEGER NOT NULL);
          INSERT INTO accounts VALUES (1, 'x', 'x@example.org', 'SE', 0, 0);",
     )
     .unwrap();
-    drop(conn);
-    let err = refused_leaving_source(&source, &filled).await;
-    assert!(
-        matches!(&err, DbError::IncompatibleSchema { role: Role::Target, detail, .. }
+            drop(conn);
+            let err = refused_leaving_source(&source, &filled).await;
+            assert!(
+                matches!(&err, DbError::IncompatibleSchema { role: Role::Target, detail, .. }
             if detail.contains("1 rows")),
-        "{err:?}"
-    );
+                "{err:?}"
+            );
+        },
+    )
+    .await
 }
 
 #[tokio::test]
 async fn a_source_without_the_migrated_table_is_refused() {
-    let dir = Scratch::new("source-schema");
-    let source = dir.path("source.db");
-    rusqlite::Connection::open(&source)
-        .unwrap()
-        .execute_batch("CREATE TABLE customers (id INTEGER PRIMARY KEY)")
-        .unwrap();
-    let err = refused_leaving_source(&source, &dir.path("target.db")).await;
-    assert!(
-        matches!(
-            &err,
-            DbError::IncompatibleSchema {
-                role: Role::Source,
-                ..
-            }
-        ),
-        "{err:?}"
-    );
+    within(
+        "a_source_without_the_migrated_table_is_refused",
+        async move {
+            let dir = Scratch::new("source-schema");
+            let source = dir.path("source.db");
+            rusqlite::Connection::open(&source)
+                .unwrap()
+                .execute_batch("CREATE TABLE customers (id INTEGER PRIMARY KEY)")
+                .unwrap();
+            let err = refused_leaving_source(&source, &dir.path("target.db")).await;
+            assert!(
+                matches!(
+                    &err,
+                    DbError::IncompatibleSchema {
+                        role: Role::Source,
+                        ..
+                    }
+                ),
+                "{err:?}"
+            );
+        },
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_target_from_another_source_is_refused() {
-    let dir = Scratch::new("other-source");
-    let (a, b, target) = (dir.path("a.db"), dir.path("b.db"), dir.path("target.db"));
-    generate(&a, 300);
-    generate(&b, 300);
-    assert_passed(&run(&existing(&a, &target)).await.expect("starts"));
-    let err = refused_leaving_source(&b, &target).await;
-    assert!(matches!(&err, DbError::OtherSource { .. }), "{err:?}");
-    assert!(err.to_string().contains("another source"), "{err}");
+    within("a_target_from_another_source_is_refused", async move {
+        let dir = Scratch::new("other-source");
+        let (a, b, target) = (dir.path("a.db"), dir.path("b.db"), dir.path("target.db"));
+        generate(&a, 300);
+        generate(&b, 300);
+        assert_passed(&run(&existing(&a, &target)).await.expect("starts"));
+        let err = refused_leaving_source(&b, &target).await;
+        assert!(matches!(&err, DbError::OtherSource { .. }), "{err:?}");
+        assert!(err.to_string().contains("another source"), "{err}");
+    })
+    .await
 }
 
 #[test]
