@@ -26,13 +26,64 @@ async fn connect(cluster: &EtcdCluster) -> EtcdCoordinator {
 }
 
 async fn join(cluster: &EtcdCluster, id: &str, shared: &SharedProbes) -> Worker {
-    Worker::builder(connect(cluster).await, PREFIX, id)
+    join_on(connect(cluster).await, id, shared).await
+}
+
+/// A worker with the tests' short timings, on the given connection.
+async fn join_on(coordinator: EtcdCoordinator, id: &str, shared: &SharedProbes) -> Worker {
+    Worker::builder(coordinator, PREFIX, id)
         .ttl(Duration::from_secs(2))
         .stop_bound(Duration::from_millis(600))
         .resync(Duration::from_millis(200))
         .join(counters(id, shared))
         .await
         .expect("join the test cluster")
+}
+
+/// One worker running `task`, with the controller connected from the other end of
+/// the member list, and the member the worker talks to: the set-up of the tests that
+/// take that member away.
+struct OnOneMember {
+    worker: Worker,
+    /// The worker's connection, to see which member it uses.
+    coordinator: EtcdCoordinator,
+    controller: Controller,
+    /// The endpoint the worker used when the task started, and its member.
+    used: String,
+    member: usize,
+}
+
+async fn running_on_one_member(
+    cluster: &EtcdCluster,
+    task: &str,
+    shared: &SharedProbes,
+) -> OnOneMember {
+    let coordinator = connect(cluster).await;
+    let worker = join_on(coordinator.clone(), "w1", shared).await;
+    let controller = Controller::new(
+        EtcdCoordinator::connect(
+            cluster.endpoints().into_iter().rev(),
+            EtcdOptions::default(),
+        )
+        .await
+        .unwrap(),
+        PREFIX,
+    )
+    .unwrap();
+    controller
+        .create(task, Vec::new(), DesiredStage::Running)
+        .await
+        .unwrap();
+    controller.resume_within(task, WAIT).await.unwrap();
+    let used = coordinator.current_endpoint().to_owned();
+    let member = cluster.member_of(&used).unwrap();
+    OnOneMember {
+        worker,
+        coordinator,
+        controller,
+        used,
+        member,
+    }
 }
 
 fn alive(shared: &SharedProbes, task: &str) -> usize {
@@ -304,31 +355,13 @@ async fn losing_an_etcd_member_moves_the_worker_to_another() {
         return;
     };
     let shared = SharedProbes::default();
-    let worker_coord = connect(&cluster).await;
-    let w1 = Worker::builder(worker_coord.clone(), PREFIX, "w1")
-        .ttl(Duration::from_secs(2))
-        .stop_bound(Duration::from_millis(600))
-        .resync(Duration::from_millis(200))
-        .join(counters("w1", &shared))
-        .await
-        .unwrap();
-    let controller = Controller::new(
-        EtcdCoordinator::connect(
-            cluster.endpoints().into_iter().rev(),
-            EtcdOptions::default(),
-        )
-        .await
-        .unwrap(),
-        PREFIX,
-    )
-    .unwrap();
-    controller
-        .create("stream", Vec::new(), DesiredStage::Running)
-        .await
-        .unwrap();
-    controller.resume_within("stream", WAIT).await.unwrap();
-    let used = worker_coord.current_endpoint().to_owned();
-    let member = cluster.member_of(&used).unwrap();
+    let OnOneMember {
+        worker: w1,
+        coordinator: worker_coord,
+        controller,
+        used,
+        member,
+    } = running_on_one_member(&cluster, "stream", &shared).await;
     cluster.kill_member(member);
 
     // The worker keeps its lease through another member and still answers.
@@ -360,31 +393,13 @@ async fn a_hung_etcd_member_is_left_behind_on_timeouts() {
         return;
     };
     let shared = SharedProbes::default();
-    let worker_coord = connect(&cluster).await;
-    let w1 = Worker::builder(worker_coord.clone(), PREFIX, "w1")
-        .ttl(Duration::from_secs(2))
-        .stop_bound(Duration::from_millis(600))
-        .resync(Duration::from_millis(200))
-        .join(counters("w1", &shared))
-        .await
-        .unwrap();
-    let controller = Controller::new(
-        EtcdCoordinator::connect(
-            cluster.endpoints().into_iter().rev(),
-            EtcdOptions::default(),
-        )
-        .await
-        .unwrap(),
-        PREFIX,
-    )
-    .unwrap();
-    controller
-        .create("tail", Vec::new(), DesiredStage::Running)
-        .await
-        .unwrap();
-    controller.resume_within("tail", WAIT).await.unwrap();
-    let used = worker_coord.current_endpoint().to_owned();
-    let member = cluster.member_of(&used).unwrap();
+    let OnOneMember {
+        worker: w1,
+        coordinator: worker_coord,
+        controller,
+        used,
+        member,
+    } = running_on_one_member(&cluster, "tail", &shared).await;
     // The member answers nothing and closes nothing: only deadlines reveal it.
     cluster.freeze_member(member);
     let frozen = Instant::now();
