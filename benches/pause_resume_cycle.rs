@@ -4,8 +4,10 @@
 //! Every iteration starts with one run alive and waiting for its cancellation:
 //!
 //! - `taskstage_*`: `Handle::pause` (returns once the run has returned and its future
-//!   has been dropped), `Handle::resume`, then waiting on the task's stage events until
-//!   the stage is Running again (the new run is launched and a pause would reach it).
+//!   has been dropped), `Handle::resume`, then `Handle::wait_for_stage` until the stage
+//!   is Running again (the new run is launched and a pause would reach it). Nobody
+//!   subscribes to the task's events: a subscriber's cost is its own (see
+//!   docs/performance.md).
 //! - `bare_tokio_*`: cancel the run's `CancellationToken`, await its `JoinHandle`, then
 //!   make a new token and spawn the next run. That is the least any correct
 //!   pause/resume must do, with no stage kept at all.
@@ -15,7 +17,7 @@
 
 use std::time::{Duration, Instant};
 
-use criterion::{criterion_group, criterion_main, Criterion};
+use criterion::{criterion_group, Criterion};
 use taskstage::{RunContext, RunError, RunExit, Stage, Task, Unit};
 use tokio::runtime::Runtime;
 use tokio_util::sync::CancellationToken;
@@ -53,20 +55,13 @@ fn taskstage_cycles(rt: &Runtime, iters: u64) -> Duration {
                 .unit(Wait)
                 .spawn()
                 .expect("spawn inside a runtime");
-            let mut events = handle.subscribe();
-            events
-                .wait_for(|e| e.stage == Stage::Running)
-                .await
-                .expect("the task outlives its handle");
+            handle.wait_for_stage(|s| s == Stage::Running).await;
             let start = Instant::now();
             for _ in 0..iters {
                 let reached = handle.pause().await.expect("pause");
                 assert_eq!(reached, Stage::Paused);
                 handle.resume().await.expect("resume");
-                events
-                    .wait_for(|e| e.stage == Stage::Running)
-                    .await
-                    .expect("the task outlives its handle");
+                handle.wait_for_stage(|s| s == Stage::Running).await;
             }
             let elapsed = start.elapsed();
             assert_eq!(handle.stop().await.expect("stop"), Stage::Stopped);
@@ -134,4 +129,37 @@ fn pause_resume_cycle(c: &mut Criterion) {
 }
 
 criterion_group!(benches, pause_resume_cycle);
-criterion_main!(benches);
+
+/// `cargo bench --bench pause_resume_cycle -- --profile <contender> <cycles>` runs
+/// `cycles` cycles of one contender (`taskstage_current_thread`,
+/// `bare_tokio_current_thread`, `taskstage_multi_thread`, `bare_tokio_multi_thread`)
+/// outside criterion, so that a profiler (`valgrind --tool=callgrind`, `perf`) sees
+/// that loop alone; docs/performance.md's breakdown was taken this way. Without
+/// `--profile`, criterion runs as usual.
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(at) = args.iter().position(|a| a == "--profile") {
+        let contender = args.get(at + 1).map(String::as_str).unwrap_or_default();
+        let cycles: u64 = args
+            .get(at + 2)
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(10_000);
+        let elapsed = match contender {
+            "taskstage_current_thread" => taskstage_cycles(&current_thread(), cycles),
+            "bare_tokio_current_thread" => bare_tokio_cycles(&current_thread(), cycles),
+            "taskstage_multi_thread" => taskstage_cycles(&multi_thread(), cycles),
+            "bare_tokio_multi_thread" => bare_tokio_cycles(&multi_thread(), cycles),
+            other => {
+                eprintln!("--profile: unknown contender {other:?}");
+                std::process::exit(2);
+            }
+        };
+        println!(
+            "{contender}: {cycles} cycles, {:.0} ns per cycle",
+            elapsed.as_secs_f64() * 1e9 / cycles as f64
+        );
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}
