@@ -37,6 +37,7 @@
 //! table and allocation. Effects, wakers and condition-variable notifications all run
 //! after it is released.
 
+pub mod abort;
 mod catch;
 pub mod driver;
 mod journal;
@@ -647,9 +648,7 @@ impl<K: CancelHandle, C, U> Lifecycle<K, C, U> {
         drop(state);
         // Invariant 7: wake after the lock is released. The condition variable is
         // notified only when a thread is blocked on it (a notify is a system call).
-        for waker in wakers {
-            waker.wake();
-        }
+        wakers.wake();
         if notify_threads {
             self.changed.notify_all();
         }
