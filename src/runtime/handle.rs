@@ -564,6 +564,36 @@ impl<C: Send + Sync + 'static> Handle<C> {
     }
 }
 
+/// Waits until `settle` is reached or `timeout` has passed since `accepted`, and
+/// returns the stage it reports, or `None` on the timeout.
+///
+/// A cooperative run returns within one turn of the scheduler of its cancellation, so
+/// the wait first gives it that turn and arms a timer (an entry in the runtime's timer
+/// wheel, registered and removed again) only when the settle is still pending after
+/// it. The deadline is the same either way: `accepted + timeout`.
+async fn settle_by<C: Send + Sync + 'static>(
+    shared: &Shared<C>,
+    settle: Settle,
+    accepted: tokio::time::Instant,
+    timeout: Duration,
+) -> Option<Stage> {
+    let mut settled = std::pin::pin!(shared.core().settled(settle));
+    for turn in 0..2 {
+        let poll = std::future::poll_fn(|cx| Poll::Ready(settled.as_mut().poll(cx))).await;
+        if let Poll::Ready(stage) = poll {
+            return Some(stage);
+        }
+        if turn == 0 {
+            tokio::task::yield_now().await;
+        }
+    }
+    match accepted.checked_add(timeout) {
+        Some(deadline) => tokio::time::timeout_at(deadline, settled).await.ok(),
+        // A timeout too far away to represent: no deadline at all.
+        None => Some(settled.await),
+    }
+}
+
 /// Waits up to `timeout` for an accepted pause to settle.
 async fn settled_within<C: Send + Sync + 'static>(
     shared: &Shared<C>,
@@ -571,12 +601,12 @@ async fn settled_within<C: Send + Sync + 'static>(
     timeout: Duration,
 ) -> Result<Stage, Error> {
     let accepted = tokio::time::Instant::now();
-    match tokio::time::timeout(timeout, shared.core().settled(settle)).await {
-        Ok(stage) => {
+    match settle_by(shared, settle, accepted, timeout).await {
+        Some(stage) => {
             super::metrics::settled(settle.command(), stage, accepted.elapsed());
             Ok(stage)
         }
-        Err(_) => {
+        None => {
             let snapshot = shared.core().snapshot();
             match settle.reached(snapshot.stage, snapshot.generation) {
                 Some(stage) => Ok(stage),
@@ -603,9 +633,9 @@ async fn stop_settled<C: Send + Sync + 'static>(
         super::metrics::settled(Command::Stop, stage, accepted.elapsed());
         Ok(stage)
     };
-    match tokio::time::timeout(grace, shared.core().settled(settle)).await {
-        Ok(stage) => settled(stage),
-        Err(_) => {
+    match settle_by(shared, settle, accepted, grace).await {
+        Some(stage) => settled(stage),
+        None => {
             // Invariant 8: escalate, and still report Stopped only when the aborted
             // future is gone and the units are closed.
             tracing::warn!(parent: &shared.runtime().span, ?grace, "run ignored cancellation; aborting");
