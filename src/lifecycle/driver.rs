@@ -361,15 +361,21 @@ enum Ended<T> {
 }
 
 /// Polls `abort` first, then `cancel` (when given), then `work`.
-async fn race<T>(
-    abort: impl Future<Output = ()>,
-    cancel: Option<impl Future<Output = ()>>,
-    work: impl Future<Output = T>,
-) -> Ended<T> {
-    let mut abort = pin!(abort);
-    let mut cancel = pin!(cancel);
-    let mut work = pin!(work);
-    poll_fn(|cx| {
+///
+/// The three are pinned by the caller, in its own state: an `async fn` taking them by
+/// value would hold each twice (the argument, and the pinned local it moves into),
+/// which made every run's task hundreds of bytes larger.
+fn race<'a, A, B, W>(
+    mut abort: Pin<&'a mut A>,
+    mut cancel: Pin<&'a mut Option<B>>,
+    mut work: Pin<&'a mut W>,
+) -> impl Future<Output = Ended<W::Output>> + 'a
+where
+    A: Future<Output = ()>,
+    B: Future<Output = ()>,
+    W: Future,
+{
+    poll_fn(move |cx| {
         if abort.as_mut().poll(cx).is_ready() {
             return Poll::Ready(Ended::Aborted);
         }
@@ -380,7 +386,6 @@ async fn race<T>(
         }
         work.as_mut().poll(cx).map(Ended::Done)
     })
-    .await
 }
 
 /// The future of one pre-start check, and of the run it launches; or of one run.
@@ -465,8 +470,9 @@ async fn run_armed<K, C, U, R>(
             };
             // A pause or stop drops a check at once (fast quit); a run is told through
             // its token and returns by itself, unless it is aborted.
-            let cancel = (kind == StartKind::Prepare).then(|| start.cancel.cancelled());
-            match race(start.cancel.aborted(), cancel, work).await {
+            let cancel = pin!((kind == StartKind::Prepare).then(|| start.cancel.cancelled()));
+            let abort = pin!(start.cancel.aborted());
+            match race(abort, cancel, pin!(work)).await {
                 Ended::Aborted | Ended::Cancelled => Exit::Cancelled,
                 Ended::Done(exit) => exit,
             }
