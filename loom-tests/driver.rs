@@ -18,6 +18,7 @@ use std::pin::{pin, Pin};
 use std::task::{Context, Poll, Waker};
 
 use loom::thread::{self, JoinHandle};
+use taskstage::lifecycle::abort::AbortSignal;
 use taskstage::lifecycle::driver::{BoxFuture, Driver, RunInfo, Runtime, Work};
 use taskstage::lifecycle::prefix::{self, Defect};
 use taskstage::lifecycle::{CancelHandle, Lifecycle, Settle, Snapshot};
@@ -30,83 +31,66 @@ use crate::harness::{block_on, explore};
 // The seam, plugged with loom
 // ---------------------------------------------------------------------------------------
 
-/// The cancel and abort signals of one generation, with futures that wake.
+/// The cancel and abort signals of one generation, with futures that wake. The abort
+/// half is the crate's own [`AbortSignal`], the one the tokio layer uses.
 #[derive(Clone, Debug)]
 pub(crate) struct Signal(Arc<SignalState>);
 
 #[derive(Debug)]
 struct SignalState {
     cancelled: AtomicBool,
-    aborted: AtomicBool,
     wakers: Mutex<Vec<Waker>>,
-}
-
-impl Signal {
-    fn raise(&self, flag: &AtomicBool) {
-        // SeqCst store, then take the wakers: a poll that registered before the
-        // take is woken; one that registers after it sees the flag (it re-checks
-        // after registering).
-        flag.store(true, Ordering::SeqCst);
-        let wakers = std::mem::take(&mut *lock(&self.0.wakers));
-        for waker in wakers {
-            waker.wake();
-        }
-    }
+    abort: AbortSignal,
 }
 
 impl CancelHandle for Signal {
     fn new_handle() -> Self {
         Signal(Arc::new(SignalState {
             cancelled: AtomicBool::new(false),
-            aborted: AtomicBool::new(false),
             wakers: Mutex::new(Vec::new()),
+            abort: AbortSignal::new(),
         }))
     }
 
     fn cancel(&self) {
-        self.raise(&self.0.cancelled);
+        // SeqCst store, then take the wakers: a poll that registered before the
+        // take is woken; one that registers after it sees the flag (it re-checks
+        // after registering).
+        self.0.cancelled.store(true, Ordering::SeqCst);
+        let wakers = std::mem::take(&mut *lock(&self.0.wakers));
+        for waker in wakers {
+            waker.wake();
+        }
     }
 
     fn abort(&self) {
-        self.raise(&self.0.aborted);
+        self.0.abort.raise();
     }
 
     fn cancelled(&self) -> impl Future<Output = ()> + Send + '_ {
-        Raised {
-            signal: self,
-            abort: false,
-        }
+        Cancelled { signal: self }
     }
 
     fn aborted(&self) -> impl Future<Output = ()> + Send + '_ {
-        Raised {
-            signal: self,
-            abort: true,
-        }
+        self.0.abort.raised()
     }
 }
 
-/// Completes once the signal's cancel (or abort) flag is raised.
-struct Raised<'a> {
+/// Completes once the signal's cancel flag is raised.
+struct Cancelled<'a> {
     signal: &'a Signal,
-    abort: bool,
 }
 
-impl Future for Raised<'_> {
+impl Future for Cancelled<'_> {
     type Output = ();
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let state = &self.signal.0;
-        let flag = if self.abort {
-            &state.aborted
-        } else {
-            &state.cancelled
-        };
-        if flag.load(Ordering::SeqCst) {
+        if state.cancelled.load(Ordering::SeqCst) {
             return Poll::Ready(());
         }
         lock(&state.wakers).push(cx.waker().clone());
-        if flag.load(Ordering::SeqCst) {
+        if state.cancelled.load(Ordering::SeqCst) {
             Poll::Ready(())
         } else {
             Poll::Pending
@@ -559,6 +543,64 @@ fn l_repolled_settle_is_woken_through_its_new_waker() {
 fn l_prefix_stale_waker_is_caught() {
     prefix::with(Defect::StaleWaker, || {
         explore("(l') pre-fix: stale waker", None, repolled_settle)
+    });
+}
+
+// ---------------------------------------------------------------------------------------
+// (n) the abort signal: a raise racing its listener's polls
+// ---------------------------------------------------------------------------------------
+
+/// (n) `AbortSignal::raise` ∥ the first poll of its listener (`Aborted`), then a poll
+/// after the raise with the same waker (the lock-free path). Two threads; no
+/// preemption bound (exhaustive).
+///
+/// Proves (invariant 8, through the abort signal's invariant 2): a listener left
+/// pending is always woken by the raise, and a poll after the raise completes; so an
+/// abort cannot be lost between the listener's load of the flag and its waker
+/// reaching the slot. (The listener is polled by hand with a recording waker rather
+/// than blocked on, because a loom deadlock aborts the test binary.)
+fn abort_signal_wakes() {
+    let signal = Arc::new(AbortSignal::new());
+    let raiser = {
+        let signal = Arc::clone(&signal);
+        thread::spawn(move || signal.raise())
+    };
+    let woken = Arc::new(AtomicBool::new(false));
+    let waker = Waker::from(std::sync::Arc::new(Flag(Arc::clone(&woken))));
+    let mut aborted = pin!(signal.raised());
+    let mut cx = Context::from_waker(&waker);
+    // One poll, as an executor makes until it is woken (a second, spurious poll
+    // would see the flag and hide a lost wake-up).
+    let pending = aborted.as_mut().poll(&mut cx).is_pending();
+    raiser.join().expect("the raiser does not panic");
+    if pending {
+        check!(
+            woken.load(Ordering::SeqCst),
+            "invariant 8 violated: an abort raised while its listener registered never woke it"
+        );
+    }
+    check!(
+        aborted.as_mut().poll(&mut cx).is_ready(),
+        "invariant 8 violated: the listener of a raised abort is still pending"
+    );
+}
+
+#[test]
+fn n_abort_signal_wakes_its_listener() {
+    explore("(n) abort raise ∥ listener polls", None, abort_signal_wakes);
+}
+
+/// (n') Model (n) with the listener not loading the flag again after filling its
+/// slot. Must be caught.
+#[test]
+#[should_panic(expected = "invariant 8 violated: an abort raised while its listener")]
+fn n_prefix_abort_without_recheck_is_caught() {
+    prefix::with(Defect::AbortNoRecheck, || {
+        explore(
+            "(n') pre-fix: abort listener without re-check",
+            None,
+            abort_signal_wakes,
+        )
     });
 }
 

@@ -23,6 +23,9 @@ pub enum Defect {
     StaleWaker = 8,
     /// A check that failed did not hand its unit back.
     LoseUnitOnFailedCheck = 16,
+    /// The abort signal's listener filled its waker slot without loading the flag
+    /// again, so a raise between its first load and the slot was never seen.
+    AbortNoRecheck = 32,
 }
 
 /// The defects switched on. A plain `std` atomic: it is set outside the model and is

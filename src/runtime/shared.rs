@@ -13,23 +13,26 @@ use tokio_util::sync::CancellationToken;
 use super::unit::{DynUnit, ProgressCell, RunContext, RunExit};
 use super::StageEvent;
 use crate::error::RunError;
+use crate::lifecycle::abort::AbortSignal;
 use crate::lifecycle::driver::{BoxFuture, Driver, RunInfo, Runtime, Work};
 use crate::lifecycle::{CancelHandle, Lifecycle, Transition};
 use crate::outcome::Exit;
 use crate::sync::{lock, Arc, Mutex};
 
-/// The signals of one generation: the token the unit sees, and the abort.
+/// The signals of one generation: the token the unit sees, and the abort (which only
+/// the driver's race listens to, so it is a flag and a waker slot, not a second
+/// token).
 #[derive(Debug, Clone)]
 pub(crate) struct RunSignals {
     pub(crate) cancel: CancellationToken,
-    abort: CancellationToken,
+    abort: Arc<AbortSignal>,
 }
 
 impl CancelHandle for RunSignals {
     fn new_handle() -> Self {
         RunSignals {
             cancel: CancellationToken::new(),
-            abort: CancellationToken::new(),
+            abort: Arc::new(AbortSignal::new()),
         }
     }
 
@@ -38,7 +41,7 @@ impl CancelHandle for RunSignals {
     }
 
     fn abort(&self) {
-        self.abort.cancel();
+        self.abort.raise();
     }
 
     fn cancelled(&self) -> impl Future<Output = ()> + Send + '_ {
@@ -46,7 +49,7 @@ impl CancelHandle for RunSignals {
     }
 
     fn aborted(&self) -> impl Future<Output = ()> + Send + '_ {
-        self.abort.cancelled()
+        self.abort.raised()
     }
 }
 
@@ -182,10 +185,16 @@ pub(crate) fn new_task<C: Send + Sync + 'static>(
 
 impl Runtime for Tokio {
     fn spawn<F: Future<Output = ()> + Send + 'static>(&self, future: F) {
-        drop(
-            self.runtime
-                .spawn(tracing::Instrument::instrument(future, self.span.clone())),
-        );
+        // With no subscriber interested in the task's span, the run goes without it:
+        // no span clone, no enter and exit on every poll, a smaller tokio task.
+        if self.span.is_disabled() {
+            drop(self.runtime.spawn(future));
+        } else {
+            drop(
+                self.runtime
+                    .spawn(tracing::Instrument::instrument(future, self.span.clone())),
+            );
+        }
     }
 
     fn refused(&self, error: &crate::error::Error) {
