@@ -564,17 +564,17 @@ impl<C: Send + Sync + 'static> Handle<C> {
     }
 }
 
-/// Waits until `settle` is reached or `timeout` has passed since `accepted`, and
-/// returns the stage it reports, or `None` on the timeout.
+/// Waits until `settle` is reached, for at most about `timeout`, and returns the
+/// stage it reports, or `None` on the timeout.
 ///
 /// A cooperative run returns within one turn of the scheduler of its cancellation, so
-/// the wait first gives it that turn and arms a timer (an entry in the runtime's timer
-/// wheel, registered and removed again) only when the settle is still pending after
-/// it. The deadline is the same either way: `accepted + timeout`.
+/// the wait first gives it that turn, and only if the settle is still pending after
+/// it reads the clock and arms a timer (an entry in the runtime's timer wheel,
+/// registered and removed again) for `timeout`. A pause that settles at once costs
+/// neither.
 async fn settle_by<C: Send + Sync + 'static>(
     shared: &Shared<C>,
     settle: Settle,
-    accepted: tokio::time::Instant,
     timeout: Duration,
 ) -> Option<Stage> {
     let mut settled = std::pin::pin!(shared.core().settled(settle));
@@ -587,11 +587,7 @@ async fn settle_by<C: Send + Sync + 'static>(
             tokio::task::yield_now().await;
         }
     }
-    match accepted.checked_add(timeout) {
-        Some(deadline) => tokio::time::timeout_at(deadline, settled).await.ok(),
-        // A timeout too far away to represent: no deadline at all.
-        None => Some(settled.await),
-    }
+    tokio::time::timeout(timeout, settled).await.ok()
 }
 
 /// Waits up to `timeout` for an accepted pause to settle.
@@ -600,10 +596,10 @@ async fn settled_within<C: Send + Sync + 'static>(
     settle: Settle,
     timeout: Duration,
 ) -> Result<Stage, Error> {
-    let accepted = tokio::time::Instant::now();
-    match settle_by(shared, settle, accepted, timeout).await {
+    let accepted = super::metrics::Since::now();
+    match settle_by(shared, settle, timeout).await {
         Some(stage) => {
-            super::metrics::settled(settle.command(), stage, accepted.elapsed());
+            super::metrics::settled(settle.command(), stage, accepted);
             Ok(stage)
         }
         None => {
@@ -628,12 +624,12 @@ async fn stop_settled<C: Send + Sync + 'static>(
 ) -> Result<Stage, Error> {
     // Stopped is published only once every unit's close has returned (invariant 9),
     // so settling is all there is to wait for.
-    let accepted = tokio::time::Instant::now();
+    let accepted = super::metrics::Since::now();
     let settled = |stage: Stage| {
-        super::metrics::settled(Command::Stop, stage, accepted.elapsed());
+        super::metrics::settled(Command::Stop, stage, accepted);
         Ok(stage)
     };
-    match settle_by(shared, settle, accepted, grace).await {
+    match settle_by(shared, settle, grace).await {
         Some(stage) => settled(stage),
         None => {
             // Invariant 8: escalate, and still report Stopped only when the aborted

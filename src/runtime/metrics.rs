@@ -67,21 +67,43 @@ pub(crate) fn refused(command: Command, stage: Stage) {
     let _ = (command, stage);
 }
 
-/// A pause or a stop, accepted `elapsed` ago, settled in `reached`.
-#[inline]
-pub(crate) fn settled(command: Command, reached: Stage, elapsed: std::time::Duration) {
+/// When a command was accepted, for the latency histograms. Without the feature it
+/// is empty, and reading it costs no clock read.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Since {
     #[cfg(feature = "metrics")]
-    match command {
-        Command::Pause => {
-            metrics::histogram!(names::PAUSE, "reached" => reached.name()).record(elapsed)
+    at: tokio::time::Instant,
+}
+
+impl Since {
+    /// Now.
+    #[inline]
+    pub(crate) fn now() -> Self {
+        Since {
+            #[cfg(feature = "metrics")]
+            at: tokio::time::Instant::now(),
         }
-        Command::Stop => {
-            metrics::histogram!(names::STOP, "reached" => reached.name()).record(elapsed)
+    }
+}
+
+/// A pause or a stop, accepted at `since`, settled in `reached`.
+#[inline]
+pub(crate) fn settled(command: Command, reached: Stage, since: Since) {
+    #[cfg(feature = "metrics")]
+    {
+        let elapsed = since.at.elapsed();
+        match command {
+            Command::Pause => {
+                metrics::histogram!(names::PAUSE, "reached" => reached.name()).record(elapsed)
+            }
+            Command::Stop => {
+                metrics::histogram!(names::STOP, "reached" => reached.name()).record(elapsed)
+            }
+            Command::Resume | Command::Update => {}
         }
-        Command::Resume | Command::Update => {}
     }
     #[cfg(not(feature = "metrics"))]
-    let _ = (command, reached, elapsed);
+    let _ = (command, reached, since);
 }
 
 /// The auto-resume policy resumed a task.
