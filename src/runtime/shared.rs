@@ -22,34 +22,52 @@ use crate::sync::{lock, Arc, Mutex};
 /// The signals of one generation: the token the unit sees, and the abort (which only
 /// the driver's race listens to, so it is a flag and a waker slot, not a second
 /// token).
+///
+/// Shared behind one `Arc`: a generation's signals are cloned for its start, for the
+/// cancel a pause carries out, and for each context a unit is given, and cloning a
+/// `CancellationToken` itself takes the lock of its tree node (twice, with the drop).
 #[derive(Debug, Clone)]
-pub(crate) struct RunSignals {
+pub(crate) struct RunSignals(Arc<Signals>);
+
+#[derive(Debug)]
+pub(crate) struct Signals {
     pub(crate) cancel: CancellationToken,
-    abort: Arc<AbortSignal>,
+    abort: AbortSignal,
 }
 
 impl CancelHandle for RunSignals {
     fn new_handle() -> Self {
-        RunSignals {
+        RunSignals(Arc::new(Signals {
             cancel: CancellationToken::new(),
-            abort: Arc::new(AbortSignal::new()),
-        }
+            abort: AbortSignal::new(),
+        }))
     }
 
     fn cancel(&self) {
-        self.cancel.cancel();
+        self.0.cancel.cancel();
     }
 
     fn abort(&self) {
-        self.abort.raise();
+        self.0.abort.raise();
+    }
+
+    fn is_cancelled(&self) -> bool {
+        self.0.cancel.is_cancelled()
     }
 
     fn cancelled(&self) -> impl Future<Output = ()> + Send + '_ {
-        self.cancel.cancelled()
+        self.0.cancel.cancelled()
     }
 
     fn aborted(&self) -> impl Future<Output = ()> + Send + '_ {
-        self.abort.raised()
+        self.0.abort.raised()
+    }
+}
+
+impl RunSignals {
+    /// The token the unit sees.
+    pub(crate) fn token(&self) -> &CancellationToken {
+        &self.0.cancel
     }
 }
 
@@ -110,7 +128,7 @@ impl Future for RunOutcome<'_> {
 impl<C> Held<C> {
     fn context(&self, info: &RunInfo<'_, RunSignals, C>) -> RunContext<C> {
         RunContext {
-            cancel: info.cancel.cancel.clone(),
+            signals: info.cancel.clone(),
             resume: info.resume,
             generation: info.generation,
             unit: info.unit,

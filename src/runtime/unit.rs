@@ -5,6 +5,7 @@ use std::future::Future;
 
 use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
+use super::shared::RunSignals;
 use crate::error::RunError;
 use crate::sync::{lock, Arc, Mutex};
 
@@ -54,7 +55,7 @@ impl ProgressCell {
 ///
 /// Cheap to clone.
 pub struct RunContext<C = ()> {
-    pub(crate) cancel: CancellationToken,
+    pub(crate) signals: RunSignals,
     pub(crate) resume: bool,
     pub(crate) generation: u64,
     pub(crate) unit: usize,
@@ -65,7 +66,7 @@ pub struct RunContext<C = ()> {
 impl<C> Clone for RunContext<C> {
     fn clone(&self) -> Self {
         RunContext {
-            cancel: self.cancel.clone(),
+            signals: self.signals.clone(),
             resume: self.resume,
             generation: self.generation,
             unit: self.unit,
@@ -78,7 +79,7 @@ impl<C> Clone for RunContext<C> {
 impl<C> fmt::Debug for RunContext<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RunContext")
-            .field("cancelled", &self.cancel.is_cancelled())
+            .field("cancelled", &self.is_cancelled())
             .field("resume", &self.resume)
             .field("generation", &self.generation)
             .field("unit", &self.unit)
@@ -89,7 +90,7 @@ impl<C> fmt::Debug for RunContext<C> {
 impl<C> RunContext<C> {
     /// The token a pause or a stop cancels. Select on it, or pass it down.
     pub fn token(&self) -> &CancellationToken {
-        &self.cancel
+        self.signals.token()
     }
 
     /// Completes when the run is asked to stop.
@@ -98,12 +99,12 @@ impl<C> RunContext<C> {
     ///
     /// Cancel safe: it only observes the token.
     pub fn cancelled(&self) -> WaitForCancellationFuture<'_> {
-        self.cancel.cancelled()
+        self.token().cancelled()
     }
 
     /// Whether the run has been asked to stop.
     pub fn is_cancelled(&self) -> bool {
-        self.cancel.is_cancelled()
+        self.token().is_cancelled()
     }
 
     /// Whether the unit ran before (this run resumes it) or not (a fresh start).
