@@ -67,6 +67,10 @@ impl CancelHandle for Signal {
         self.0.abort.raise();
     }
 
+    fn is_cancelled(&self) -> bool {
+        self.0.cancelled.load(Ordering::SeqCst)
+    }
+
     fn cancelled(&self) -> impl Future<Output = ()> + Send + '_ {
         Cancelled { signal: self }
     }

@@ -306,6 +306,10 @@ impl CancelHandle for ModelCancel {
         self.cancel();
     }
 
+    fn is_cancelled(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+
     // The scripted parties read the flag; they never await a signal.
     fn cancelled(&self) -> impl Future<Output = ()> + Send + '_ {
         std::future::pending()

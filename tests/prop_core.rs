@@ -50,6 +50,10 @@ impl CancelHandle for Flag {
         self.cancel();
     }
 
+    fn is_cancelled(&self) -> bool {
+        self.is_set()
+    }
+
     // The scripted driver plays runs by hand and never awaits a signal.
     fn cancelled(&self) -> impl std::future::Future<Output = ()> + Send + '_ {
         std::future::pending()

@@ -360,17 +360,25 @@ enum Ended<T> {
     Done(T),
 }
 
-/// Polls `abort` first, then `cancel` (when given), then `work`.
+/// Polls `abort` first; then, for a check (`cancel` given), quits if the generation
+/// is already cancelled; then polls `work`; and only if the work is still pending,
+/// polls `cancel`, which registers its waker on the token.
 ///
-/// The three are pinned by the caller, in its own state: an `async fn` taking them by
-/// value would hold each twice (the argument, and the pinned local it moves into),
+/// A check that passes on its first poll (the usual no-op check) so never registers
+/// on the token, and a cancel before the poll still drops the check unpolled. A
+/// cancel during the work's poll is seen by the `cancel` poll right after it.
+///
+/// The futures are pinned by the caller, in its own state: an `async fn` taking them
+/// by value would hold each twice (the argument, and the pinned local it moves into),
 /// which made every run's task hundreds of bytes larger.
-fn race<'a, A, B, W>(
+fn race<'a, K, A, B, W>(
+    signals: &'a K,
     mut abort: Pin<&'a mut A>,
     mut cancel: Pin<&'a mut Option<B>>,
     mut work: Pin<&'a mut W>,
 ) -> impl Future<Output = Ended<W::Output>> + 'a
 where
+    K: CancelHandle,
     A: Future<Output = ()>,
     B: Future<Output = ()>,
     W: Future,
@@ -379,12 +387,17 @@ where
         if abort.as_mut().poll(cx).is_ready() {
             return Poll::Ready(Ended::Aborted);
         }
-        if let Some(cancel) = cancel.as_mut().as_pin_mut() {
-            if cancel.poll(cx).is_ready() {
-                return Poll::Ready(Ended::Cancelled);
-            }
+        let fast_quit = cancel.is_some();
+        if fast_quit && signals.is_cancelled() {
+            return Poll::Ready(Ended::Cancelled);
         }
-        work.as_mut().poll(cx).map(Ended::Done)
+        if let Poll::Ready(done) = work.as_mut().poll(cx) {
+            return Poll::Ready(Ended::Done(done));
+        }
+        match cancel.as_mut().as_pin_mut().map(|cancel| cancel.poll(cx)) {
+            Some(Poll::Ready(())) => Poll::Ready(Ended::Cancelled),
+            _ => Poll::Pending,
+        }
     })
 }
 
@@ -472,7 +485,7 @@ async fn run_armed<K, C, U, R>(
             // its token and returns by itself, unless it is aborted.
             let cancel = pin!((kind == StartKind::Prepare).then(|| start.cancel.cancelled()));
             let abort = pin!(start.cancel.aborted());
-            match race(abort, cancel, pin!(work)).await {
+            match race(&start.cancel, abort, cancel, pin!(work)).await {
                 Ended::Aborted | Ended::Cancelled => Exit::Cancelled,
                 Ended::Done(exit) => exit,
             }

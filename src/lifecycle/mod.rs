@@ -77,6 +77,8 @@ pub trait CancelHandle: Clone + Send + Sync + 'static {
     /// Requests an abort: the driver drops the run's future at its next poll, without
     /// the run's cooperation. Idempotent.
     fn abort(&self);
+    /// Whether [`CancelHandle::cancel`] was called.
+    fn is_cancelled(&self) -> bool;
     /// Completes once [`CancelHandle::cancel`] was called.
     fn cancelled(&self) -> impl Future<Output = ()> + Send + '_;
     /// Completes once [`CancelHandle::abort`] was called.

@@ -21,6 +21,9 @@ impl CancelHandle for Flag {
     fn abort(&self) {
         self.cancel();
     }
+    fn is_cancelled(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
     // These tests drive the core by hand and never await a signal.
     fn cancelled(&self) -> impl Future<Output = ()> + Send + '_ {
         std::future::pending()
