@@ -115,8 +115,13 @@ def run(log: Path, meta: Path) -> None:
     meta.write_text(json.dumps(info, indent=2) + "\n")
 
 
+# Operations per criterion iteration: the stage reads are measured in batches (see
+# benches/stage_read.rs), and reported per read.
+PER_ITERATION = {"stage_read": 1_000, "stage_read_contended": 1_000}
+
+
 def medians(criterion: Path) -> dict[str, float]:
-    """Median nanoseconds per iteration, keyed `group/function`."""
+    """Median nanoseconds per operation, keyed `group/function`."""
     found = {}
     for group, functions in CRITERION:
         for function in functions:
@@ -125,7 +130,8 @@ def medians(criterion: Path) -> dict[str, float]:
                 estimates = json.loads(path.read_text())
             except FileNotFoundError:
                 sys.exit(f"missing {path}: run the benches first (--run)")
-            found[f"{group}/{function}"] = estimates["median"]["point_estimate"]
+            per_iteration = PER_ITERATION.get(group, 1)
+            found[f"{group}/{function}"] = estimates["median"]["point_estimate"] / per_iteration
     return found
 
 
