@@ -22,6 +22,9 @@
 //!   its [`Timeline`]) or a property over many ([`Runner::check`]: [`Summary`] or
 //!   [`Report`]).
 //!
+//! The points, the actions, what fails and the kit's limits are described in
+//! `docs/testing.md`.
+//!
 //! # Examples
 //!
 //! A unit that copies rows into a store that outlives its tasks, and a variant that

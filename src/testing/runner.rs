@@ -276,8 +276,9 @@ pub enum Report {
     Config(#[from] ConfigError),
     /// A schedule failed; this is the minimal one proptest shrank it to.
     #[error(
-        "a schedule failed (seed {seed}, after {cases} passing); shrunk to {}: {}\n{failure}",
-        commands(.failure.schedule.len()), .failure.schedule
+        "a schedule failed (seed {seed}, after {cases} passing); shrunk to {}: {}\n{failure}\
+         replay: Runner::run(&\"{}\".parse()?)",
+        commands(.failure.schedule.len()), .failure.schedule, .failure.schedule
     )]
     Failed {
         /// The seed of the property run: [`Runner::seed`] replays it.
@@ -309,6 +310,11 @@ pub struct Summary {
     pub cases: u32,
     /// The seed, to replay the run.
     pub seed: u64,
+    /// Steps in the schedules that ran.
+    pub steps: usize,
+    /// Of those, the steps whose point never came (the task had moved past it): a
+    /// property run where most are skipped tests little.
+    pub skipped: usize,
 }
 
 type Setup<S> = dyn Fn() -> Result<S, String> + Send + Sync;
@@ -484,13 +490,18 @@ impl<S: Subject> Runner<S> {
         };
         let mut runner = TestRunner::new_with_rng(config, rng(seed));
         let last = Mutex::new(None);
-        let ran = Mutex::new((0u32, None::<u32>));
+        // Schedules run, passing before the first failure, steps, skipped steps.
+        let ran = Mutex::new((0u32, None::<u32>, 0usize, 0usize));
         let result = runner.run(&strategy, |schedule| {
             let outcome = self.run(&schedule);
             let mut counts = lock(&ran);
             counts.0 += 1;
             match outcome {
-                Ok(_) => Ok(()),
+                Ok(passed) => {
+                    counts.2 += schedule.len();
+                    counts.3 += passed.skipped;
+                    Ok(())
+                }
                 Err(failure) => {
                     let before = counts.0 - 1;
                     counts.1.get_or_insert(before);
@@ -500,11 +511,13 @@ impl<S: Subject> Runner<S> {
                 }
             }
         });
-        let passed_before = lock(&ran).1.unwrap_or(0);
+        let (_, failed_after, steps, skipped) = *lock(&ran);
         match result {
             Ok(()) => Ok(Summary {
                 cases: self.cases,
                 seed,
+                steps,
+                skipped,
             }),
             Err(TestError::Abort(reason)) => Err(Report::Aborted(reason.to_string())),
             Err(TestError::Fail(_, minimal)) => {
@@ -526,11 +539,39 @@ impl<S: Subject> Runner<S> {
                 };
                 Err(Report::Failed {
                     seed,
-                    cases: passed_before,
-                    failure,
+                    cases: failed_after.unwrap_or(0),
+                    failure: self.drop_steps(failure),
                 })
             }
         }
+    }
+}
+
+impl<S: Subject> Runner<S> {
+    /// Shrinks a failure further by dropping one step at a time while it still fails.
+    ///
+    /// proptest's shrinking assumes a test gives the same answer each time; a
+    /// schedule's run can differ (which report is the Nth depends on when the unit's
+    /// I/O completes), so its search can stop at a schedule that still has a step
+    /// more than needed. This pass finishes the job.
+    fn drop_steps(&self, mut failure: Box<Failure>) -> Box<Failure> {
+        let mut budget = self.max_shrink_iters;
+        'shorter: while budget > 0 {
+            for i in 0..failure.schedule.len() {
+                if budget == 0 {
+                    break 'shorter;
+                }
+                budget -= 1;
+                let mut steps = failure.schedule.steps().to_vec();
+                steps.remove(i);
+                if let Err(shorter) = self.run(&Schedule::new(steps)) {
+                    failure = shorter;
+                    continue 'shorter;
+                }
+            }
+            break;
+        }
+        failure
     }
 }
 

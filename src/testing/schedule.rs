@@ -11,6 +11,11 @@ pub enum Point {
     /// the previous step). A report is a change of the current unit's
     /// [`Progress`](crate::Progress) seen between two polls of its run. The run is
     /// held right after the report until the step's command has been issued.
+    ///
+    /// The kit sees progress when the run returns `Pending`: two reports with no
+    /// `Pending` between them (I/O that completed before it was awaited, or a last
+    /// report just before the run returns) count as one, so on a real machine the
+    /// Nth report can differ from one run of a schedule to the next.
     Reports(u32),
     /// At the first run of this unit in its task: the moment the pipeline switches to
     /// it (unit 0: the start of a task). The run is held before it is first polled.
