@@ -144,6 +144,11 @@ pub use typestate::Task;
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 
+/// The code blocks of `docs/testing.md`, compiled and run as doc tests.
+#[cfg(all(doctest, feature = "testing"))]
+#[doc = include_str!("../docs/testing.md")]
+struct TestingDoctests;
+
 /// The code blocks of `docs/events.md`, compiled and run as doc tests.
 #[cfg(doctest)]
 #[doc = include_str!("../docs/events.md")]
