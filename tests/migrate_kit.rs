@@ -1,6 +1,6 @@
 //! The testing kit (`taskstage::testing`) on the migrate example's real SQLite units:
-//! generated pause, resume, stop, restart and update schedules on a small migration
-//! pass, and a load that writes its checkpoint before its rows is caught and shrunk
+//! 128 generated pause, resume, stop, restart and update schedules on a small
+//! migration pass, and a load that writes its checkpoint before its rows is caught and shrunk
 //! to a schedule of at most three commands.
 //!
 //! Each schedule gets its own copy of one generated source and a fresh target; a
@@ -332,12 +332,12 @@ fn schedules() -> Schedules {
 }
 
 #[test]
-fn the_migration_passes_64_generated_schedules() {
+fn the_migration_passes_128_generated_schedules() {
     let started = Instant::now();
-    let summary = runner(false, 64)
+    let summary = runner(false, 128)
         .check(&schedules())
         .unwrap_or_else(|report| panic!("{report}"));
-    assert_eq!(summary.cases, 64);
+    assert_eq!(summary.cases, 128);
     // The schedules did act: a third of their steps or more found their point (the
     // rest came while the task was paused, stopped or past the point).
     assert!(
@@ -348,7 +348,7 @@ fn the_migration_passes_64_generated_schedules() {
         summary.seed
     );
     eprintln!(
-        "64 schedules ({} steps, {} skipped, seed {}) in {:.1?}",
+        "128 schedules ({} steps, {} skipped, seed {}) in {:.1?}",
         summary.steps,
         summary.skipped,
         summary.seed,

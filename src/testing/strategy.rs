@@ -303,6 +303,16 @@ mod tests {
     }
 
     #[test]
+    fn every_generated_schedule_replays_from_its_text() {
+        let schedules = Schedules::new().steps(0..=8).units(4).max_update(9);
+        for seed in 0..300 {
+            let schedule = schedules.generate(seed).unwrap();
+            let text = schedule.to_string();
+            assert_eq!(text.parse::<Schedule>().as_ref(), Ok(&schedule), "{text}");
+        }
+    }
+
+    #[test]
     fn impossible_settings_are_typed_errors() {
         #[allow(clippy::reversed_empty_ranges, reason = "the point of the test")]
         let empty = Schedules::new().steps(3..=2);

@@ -350,3 +350,81 @@ fn two_live_runs_are_counted_by_the_wrappers_themselves() {
     drop((first, second));
     assert!(probe.live().is_empty());
 }
+
+/// A unit that records the configurations it was given.
+struct Configured {
+    seen: Arc<Mutex<Vec<u32>>>,
+    done: u64,
+}
+
+impl Unit<u32> for Configured {
+    async fn run(&mut self, ctx: RunContext<u32>) -> Result<RunExit, RunError> {
+        while self.done < 6 {
+            if ctx.is_cancelled() {
+                return Ok(RunExit::Cancelled);
+            }
+            self.done += 1;
+            ctx.report_progress(self.done, Some(6));
+            tokio::task::yield_now().await;
+        }
+        Ok(RunExit::Completed)
+    }
+
+    fn apply_config(&mut self, config: &u32) -> Result<(), RunError> {
+        lock(&self.seen).push(*config);
+        Ok(())
+    }
+}
+
+struct Settings {
+    seen: Arc<Mutex<Vec<u32>>>,
+}
+
+impl Subject for Settings {
+    type Config = u32;
+
+    fn task(&mut self, watch: &Watch<u32>) -> TaskBuilder<u32> {
+        let unit = Configured {
+            seen: Arc::clone(&self.seen),
+            done: 0,
+        };
+        Task::builder("settings").config(0).unit(watch.unit(unit))
+    }
+
+    fn update(&mut self, n: u32) -> u32 {
+        n * 10
+    }
+}
+
+#[test]
+fn an_update_is_refused_while_a_run_holds_the_unit_and_applied_after_a_pause() {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let shared = Arc::clone(&seen);
+    let passed = Runner::new(move || {
+        Ok::<_, String>(Settings {
+            seen: Arc::clone(&shared),
+        })
+    })
+    .run(&schedule(
+        "after 2 reports: update 7; after 1 report: pause; after 1 ms: update 9",
+    ))
+    .unwrap_or_else(|f| panic!("{f}"));
+    let steps: Vec<String> = passed
+        .timeline
+        .lines
+        .iter()
+        .filter_map(|line| match line {
+            Line::Step { result, .. } => Some(result.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(steps.len(), 3, "{}", passed.timeline);
+    assert!(
+        steps[0].starts_with("refused: update refused in stage Running"),
+        "{steps:?}"
+    );
+    assert_eq!(steps[1], "Paused");
+    assert_eq!(steps[2], "updated");
+    // The unit got the configuration of `update 9` before the run that finished it.
+    assert_eq!(*lock(&seen), [90], "{}", passed.timeline);
+}
