@@ -7,23 +7,14 @@
 //! restart builds a new task whose units know nothing but the target's checkpoints.
 //! The seed is random unless `TASKSTAGE_KIT_SEED` is set; a failure prints it.
 
-// The example's modules are included whole, as tests/migrate.rs does; this test uses
-// only their units and databases, not the program around them.
-#[allow(dead_code, reason = "only the units and the databases are used here")]
-#[path = "../examples/migrate/cli.rs"]
-mod cli;
-#[allow(dead_code, reason = "only the units and the databases are used here")]
-#[path = "../examples/migrate/controller.rs"]
-mod controller;
+// The example's units and the modules they stand on, included as tests/migrate.rs
+// does; this test uses the units and the databases, not all of each module.
 #[allow(dead_code, reason = "only the units and the databases are used here")]
 #[path = "../examples/migrate/db.rs"]
 mod db;
 #[allow(dead_code, reason = "only the units and the databases are used here")]
 #[path = "../examples/migrate/live.rs"]
 mod live;
-#[allow(dead_code, reason = "only the units and the databases are used here")]
-#[path = "../examples/migrate/program.rs"]
-mod program;
 #[allow(dead_code, reason = "only the units and the databases are used here")]
 #[path = "../examples/migrate/report.rs"]
 mod report;
