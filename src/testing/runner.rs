@@ -659,12 +659,16 @@ impl<S: Subject> Driver<S> {
                     }
                 },
             };
-            let result = self.act(step.action, release).await?;
+            let result = self.act(step.action, release).await;
             self.note(Line::Step {
                 number: i + 1,
                 step: *step,
-                result,
+                result: match &result {
+                    Ok(result) => result.clone(),
+                    Err(_) => "failed (see above)".to_owned(),
+                },
             });
+            result?;
             self.overlap()?;
         }
         self.end().await
@@ -860,6 +864,7 @@ impl<S: Subject> Driver<S> {
     async fn close(&mut self) {
         if let Some(handle) = self.handle.take() {
             if !handle.stage().is_terminal() {
+                self.note(Line::Note("after the failure: stop".to_owned()));
                 // Aborts a run that ignores its cancellation; after that, nothing more
                 // can be done here.
                 let _ = handle.stop_within(self.bound).await;
