@@ -184,8 +184,8 @@ pub enum Violation {
     /// A task could not be built.
     #[error("a task could not be built: {0}")]
     Build(#[from] BuildError),
-    /// Some units of the pipeline did not go through [`Watch::unit`].
-    #[error("the pipeline has {units} units, but {watched} went through Watch::unit")]
+    /// Fewer units went through [`Watch::unit`] than the pipeline has.
+    #[error("the pipeline has {units} units, but only {watched} went through Watch::unit")]
     Unwatched {
         /// Units in the pipeline.
         units: usize,
@@ -243,12 +243,16 @@ pub struct Failure {
 impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "{}", self.violation)?;
-        writeln!(
-            f,
-            "schedule ({}): {}",
-            commands(self.schedule.len()),
-            self.schedule
-        )?;
+        if self.schedule.is_empty() {
+            writeln!(f, "schedule: none (the task ran on its own)")?;
+        } else {
+            writeln!(
+                f,
+                "schedule ({}): {}",
+                commands(self.schedule.len()),
+                self.schedule
+            )?;
+        }
         write!(f, "timeline:\n{}", self.timeline)
     }
 }
@@ -689,7 +693,9 @@ impl<S: Subject> Driver<S> {
         // The cell is new: nothing else can have set it.
         let _ = cell.set(handle.downgrade());
         let (units, watched) = (handle.snapshot().units, *lock(&watched));
-        if units != watched {
+        // More may have gone through it than the pipeline holds (a unit the subject
+        // runs elsewhere); fewer means one of the pipeline's is not watched.
+        if watched < units {
             return Err(Violation::Unwatched { units, watched });
         }
         self.note(Line::Note(format!("task {} built", self.task)));

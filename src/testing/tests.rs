@@ -68,6 +68,9 @@ struct Pair {
     mode: Mode,
     unwatched: bool,
     check: Option<String>,
+    /// Also starts a second copy of unit 0 in a task of its own: the original race.
+    shadow: Option<crate::Handle>,
+    shadows: bool,
 }
 
 impl Pair {
@@ -77,6 +80,8 @@ impl Pair {
             mode,
             unwatched: false,
             check: None,
+            shadow: None,
+            shadows: false,
         }
     }
 }
@@ -90,6 +95,10 @@ impl Subject for Pair {
             rows: 10,
             mode,
         };
+        if self.shadows && self.shadow.is_none() {
+            let copy = Task::builder("shadow").unit(watch.unit(unit(0, Mode::IgnoresCancel)));
+            self.shadow = copy.spawn().ok();
+        }
         let first = Task::builder("pair").unit(watch.unit(unit(0, Mode::Good)));
         if self.unwatched {
             first.unit(unit(1, self.mode))
@@ -328,6 +337,24 @@ fn a_property_run_shrinks_to_the_minimal_failing_schedule() {
         .unwrap_or_else(|report| panic!("{report}"));
     assert_eq!((summary.cases, summary.seed), (32, 11));
     assert!(summary.skipped < summary.steps, "{summary:?}");
+}
+
+#[test]
+fn a_second_copy_of_a_unit_running_beside_the_pipeline_is_two_live_runs() {
+    let failure = runner(|| Pair {
+        shadows: true,
+        ..Pair::new(Mode::Good)
+    })
+    .run(&Schedule::default())
+    .expect_err("two copies of unit 0 run at once");
+    match &failure.violation {
+        Violation::TwoLive { first, second } => {
+            // The shadow's run, and the pipeline's own check or run of unit 0.
+            assert_eq!((first.unit, second.unit), (0, 0), "{failure}");
+            assert!(!first.check || !second.check, "{failure}");
+        }
+        other => panic!("expected TwoLive, got {other}"),
+    }
 }
 
 #[test]
