@@ -18,6 +18,8 @@ enum Mode {
     Fails,
     /// Ignores cancellation and never yields to the timer until real time passes.
     Spins,
+    /// Never returns, and reports nothing.
+    Forever,
 }
 
 struct Count {
@@ -32,6 +34,9 @@ impl Unit for Count {
     }
 
     async fn run(&mut self, ctx: RunContext) -> Result<RunExit, RunError> {
+        if self.mode == Mode::Forever {
+            std::future::pending::<()>().await;
+        }
         if self.mode == Mode::Spins {
             let until = std::time::Instant::now() + Duration::from_millis(1_500);
             while std::time::Instant::now() < until {
@@ -96,7 +101,7 @@ impl Subject for Pair {
             mode,
         };
         if self.shadows && self.shadow.is_none() {
-            let copy = Task::builder("shadow").unit(watch.unit(unit(0, Mode::IgnoresCancel)));
+            let copy = Task::builder("shadow").unit(watch.unit(unit(0, Mode::Forever)));
             self.shadow = copy.spawn().ok();
         }
         let first = Task::builder("pair").unit(watch.unit(unit(0, Mode::Good)));
@@ -355,6 +360,29 @@ fn a_second_copy_of_a_unit_running_beside_the_pipeline_is_two_live_runs() {
         }
         other => panic!("expected TwoLive, got {other}"),
     }
+}
+
+#[test]
+fn a_pause_that_returns_while_a_run_is_alive_is_caught() {
+    // The shadow copy's run never returns; the pipeline's own pause settles, and the
+    // runner finds a run alive as it does.
+    let failure = runner(|| Pair {
+        shadows: true,
+        ..Pair::new(Mode::Good)
+    })
+    .run(&schedule("after 1 report: pause"))
+    .expect_err("the shadow is alive when the pause returns");
+    assert!(
+        matches!(
+            failure.violation,
+            Violation::LiveAfterCommand {
+                command: crate::Command::Pause,
+                stage: Stage::Paused,
+                ..
+            }
+        ),
+        "{failure}"
+    );
 }
 
 #[test]
