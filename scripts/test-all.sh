@@ -10,6 +10,9 @@ echo "== the metrics feature (a recording backend checks the values) =="
 cargo test --features metrics --test metrics
 echo "== doc tests =="
 cargo test --doc
+echo "== the testing kit (--features testing): its tests, the migrate example under generated schedules, its doc tests =="
+cargo test --features testing --lib --test migrate_kit
+cargo test --features testing --doc -- testing Testing
 
 echo "== loom models (--cfg taskstage_loom, release) =="
 # A separate target dir: the cfg changes RUSTFLAGS, which would otherwise force the

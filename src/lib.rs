@@ -69,6 +69,9 @@
 //!   task back: [`TaskError`](typestate::TaskError).
 //! - **Auto-resume** ([`policy`]): resumes tasks paused by resumable errors, with
 //!   backoff.
+//! - **Testing your units** (feature `testing`): the `testing` module's `Runner`
+//!   drives your pipeline under generated `Schedules` and reports the minimal failing
+//!   schedule.
 //! - **Errors**: [`Error`] (refused or timed-out commands, naming the command and the
 //!   stage) and its [`ErrorKind`], [`BuildError`], [`RunError`] (what a run
 //!   returned), [`Refusal`]; an outcome's [`OutcomeKind`].
@@ -93,6 +96,11 @@
 //!   pulls in the `etcd-client` crate, whose build needs `protoc` (Debian:
 //!   `protobuf-compiler` and `libprotobuf-dev`); its integration tests need an `etcd`
 //!   binary. The default build needs neither.
+//! - **`testing`** (off by default): the `testing` module, a kit to property-test
+//!   your own units under generated pause, resume, stop and restart schedules: it
+//!   counts live runs itself, checks every pause and stop, and shrinks a failing
+//!   schedule to a minimal one with its stage timeline (`docs/testing.md`). It pulls
+//!   in `proptest` and tokio's `test-util` (the paused clock).
 //!
 //! One cfg matters too: `--cfg taskstage_loom` builds the
 //! lifecycle core and its driver against `loom`'s sync types for the model tests in
@@ -114,6 +122,8 @@ pub mod runtime;
 pub mod stage;
 pub mod sync;
 pub mod table;
+#[cfg(all(feature = "testing", not(taskstage_loom)))]
+pub mod testing;
 #[cfg(not(taskstage_loom))]
 pub mod typestate;
 
@@ -133,6 +143,11 @@ pub use typestate::Task;
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
+
+/// The code blocks of `docs/testing.md`, compiled and run as doc tests.
+#[cfg(all(doctest, feature = "testing"))]
+#[doc = include_str!("../docs/testing.md")]
+struct TestingDoctests;
 
 /// The code blocks of `docs/events.md`, compiled and run as doc tests.
 #[cfg(doctest)]
