@@ -77,8 +77,8 @@ async fn pause_all_names_the_task_that_is_stuck() {
         );
         let stuck: Vec<_> = report.stuck().collect();
         assert_eq!(stuck.len(), 1, "{report}");
-        assert_eq!(stuck[0].task, "c");
-        assert_eq!(stuck[0].unit, Some((0, "stubborn".to_owned())));
+        assert_eq!(&*stuck[0].task, "c");
+        assert_eq!(stuck[0].unit, Some((0, "stubborn".into())));
         assert_eq!(stuck[0].stage, Stage::Pausing);
         assert!(stuck[0].waited >= Duration::from_secs(5));
         assert!(

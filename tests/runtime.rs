@@ -44,7 +44,7 @@ on_both_runtimes! {
         let snap = handle
             .wait_for(|s| s.stage == Stage::Running && s.unit_index() == Some(1))
             .await;
-        assert_eq!(snap.unit, Some((1, "load".to_owned())));
+        assert_eq!(snap.unit, Some((1, "load".into())));
         assert!(matches!(snap.outcome, Some(Outcome::Completed)));
         // The run that completed closed its unit before the switch was published.
         assert_eq!(dump_remote.closed(), 1, "a completed unit is closed once, before the next starts");
@@ -722,8 +722,8 @@ on_both_runtimes! {
         }
         let handle = Task::builder("named").unit(Reports).spawn().unwrap();
         let snap = handle.wait_for(|s| s.stage == Stage::Running).await;
-        assert_eq!(snap.name, "named");
-        assert_eq!(snap.unit, Some((0, "reports".to_owned())));
+        assert_eq!(&*snap.name, "named");
+        assert_eq!(snap.unit, Some((0, "reports".into())));
         let snap = loop {
             let snap = handle.snapshot();
             if snap.progress.done == 40 {

@@ -329,10 +329,10 @@ async fn record(
 /// The task's state right after `change`, as the timeline and the screen show it.
 fn snapshot_of(task: &str, change: &Change) -> TaskSnapshot {
     TaskSnapshot {
-        name: task.to_owned(),
+        name: task.into(),
         stage: change.stage,
         generation: change.generation,
-        unit: change.unit.map(|index| (index, name(index).to_owned())),
+        unit: change.unit.map(|index| (index, name(index).into())),
         units: UNIT_NAMES.len(),
         outcome: change.outcome.clone(),
         user_paused: change.user_paused,
@@ -363,7 +363,7 @@ fn failure(snap: &TaskSnapshot) -> Option<ControlError> {
     let unit = snap
         .unit
         .as_ref()
-        .map_or_else(|| "last".to_owned(), |(_, name)| name.clone());
+        .map_or_else(|| "last".to_owned(), |(_, name)| name.to_string());
     Some(ControlError::UnitFailed { unit, error })
 }
 

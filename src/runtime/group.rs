@@ -87,9 +87,9 @@ pub struct TaskReport {
 #[derive(Debug, Clone)]
 pub struct Stuck {
     /// The task's name.
-    pub task: String,
+    pub task: std::sync::Arc<str>,
     /// The unit it is stuck in, as (index, name).
-    pub unit: Option<(usize, String)>,
+    pub unit: Option<(usize, std::sync::Arc<str>)>,
     /// The stage it is stuck in.
     pub stage: Stage,
     /// How long since its command was issued.
@@ -122,7 +122,7 @@ impl fmt::Display for GroupReport {
         for task in &self.tasks {
             match (&task.result, &task.stuck) {
                 (_, Some(stuck)) => {
-                    let unit = stuck.unit.as_ref().map_or("-", |(_, name)| name.as_str());
+                    let unit = stuck.unit.as_ref().map_or("-", |(_, name)| &**name);
                     writeln!(
                         f,
                         "{}: stuck in {} (unit {unit}) for {:?}",

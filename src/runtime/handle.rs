@@ -130,16 +130,19 @@ impl<C: Send + Sync + 'static> fmt::Debug for Handle<C> {
 }
 
 /// A copy of a task's state, with the names and progress a person wants to see.
+///
+/// The names are shared with the task (`Arc<str>`): taking a snapshot, which every
+/// `wait_for` does, allocates nothing for them.
 #[derive(Debug, Clone)]
 pub struct TaskSnapshot {
     /// The task's name.
-    pub name: String,
+    pub name: std::sync::Arc<str>,
     /// The stage.
     pub stage: Stage,
     /// The current generation (one more for every run).
     pub generation: u64,
     /// The current unit's index and name, or `None` once every unit completed.
-    pub unit: Option<(usize, String)>,
+    pub unit: Option<(usize, std::sync::Arc<str>)>,
     /// How many units the pipeline has.
     pub units: usize,
     /// What the last run or check returned.
@@ -214,12 +217,19 @@ impl<C: Send + Sync + 'static> Handle<C> {
     fn decorate(&self, core: Snapshot) -> TaskSnapshot {
         let shared = self.shared().runtime();
         TaskSnapshot {
-            name: shared.name.clone(),
+            name: Arc::clone(&shared.name),
             stage: core.stage,
             generation: core.generation,
-            unit: core
-                .unit
-                .map(|i| (i, shared.unit_names.get(i).cloned().unwrap_or_default())),
+            unit: core.unit.map(|i| {
+                (
+                    i,
+                    shared
+                        .unit_names
+                        .get(i)
+                        .cloned()
+                        .unwrap_or_else(|| "".into()),
+                )
+            }),
             units: core.units,
             outcome: core.outcome,
             user_paused: core.user_paused,

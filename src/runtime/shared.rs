@@ -148,8 +148,8 @@ struct Events {
 
 /// The tokio runtime of one task, and what its handles show besides the core's state.
 pub(crate) struct Tokio {
-    pub(crate) name: String,
-    pub(crate) unit_names: Vec<String>,
+    pub(crate) name: std::sync::Arc<str>,
+    pub(crate) unit_names: Vec<std::sync::Arc<str>>,
     pub(crate) progress: Arc<ProgressCell>,
     events: Mutex<Events>,
     runtime: tokio::runtime::Handle,
@@ -176,7 +176,7 @@ pub(crate) fn new_task<C: Send + Sync + 'static>(
 ) -> Shared<C> {
     let config = Arc::new(config);
     let progress = Arc::new(ProgressCell::default());
-    let unit_names = units.iter().map(|u| u.name().to_owned()).collect();
+    let unit_names = units.iter().map(|u| u.name().into()).collect();
     let held = units
         .into_iter()
         .map(|unit| Held {
@@ -187,7 +187,7 @@ pub(crate) fn new_task<C: Send + Sync + 'static>(
         .collect();
     let span = tracing::info_span!("task", task = %name);
     let tokio = Tokio {
-        name,
+        name: name.into(),
         unit_names,
         progress,
         events: Mutex::new(Events {
