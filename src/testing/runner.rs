@@ -551,6 +551,9 @@ impl<S: Subject> Runner<S> {
     }
 }
 
+/// Runs a shorter candidate gets in [`Runner::drop_steps`] before its step is kept.
+const DROP_ATTEMPTS: u32 = 3;
+
 impl<S: Subject> Runner<S> {
     /// Shrinks a failure further by dropping one step at a time while it still fails.
     ///
@@ -565,12 +568,20 @@ impl<S: Subject> Runner<S> {
                 if budget == 0 {
                     break 'shorter;
                 }
-                budget -= 1;
                 let mut steps = failure.schedule.steps().to_vec();
                 steps.remove(i);
-                if let Err(shorter) = self.run(&Schedule::new(steps)) {
-                    failure = shorter;
-                    continue 'shorter;
+                let shorter = Schedule::new(steps);
+                // A candidate that passes once may fail on the next run (see above):
+                // it is given a few runs before the step is kept.
+                for _ in 0..DROP_ATTEMPTS {
+                    if budget == 0 {
+                        break 'shorter;
+                    }
+                    budget -= 1;
+                    if let Err(failed) = self.run(&shorter) {
+                        failure = failed;
+                        continue 'shorter;
+                    }
                 }
             }
             break;
