@@ -18,10 +18,10 @@ use std::pin::{pin, Pin};
 use std::task::{Context, Poll, Waker};
 
 use loom::thread::{self, JoinHandle};
-use taskstage::lifecycle::abort::AbortSignal;
 use taskstage::lifecycle::driver::{BoxFuture, Driver, RunInfo, Runtime, Work};
 use taskstage::lifecycle::prefix::{self, Defect};
-use taskstage::lifecycle::{CancelHandle, Lifecycle, Settle, Snapshot};
+use taskstage::lifecycle::signal::{self, RunSignal};
+use taskstage::lifecycle::{CancelHandle, Interrupt, Lifecycle, Settle, Snapshot};
 use taskstage::sync::{lock, Arc, AtomicBool, AtomicUsize, Mutex, Ordering};
 use taskstage::{Command, Exit, Outcome, RunError, Stage};
 
@@ -31,8 +31,9 @@ use crate::harness::{block_on, explore};
 // The seam, plugged with loom
 // ---------------------------------------------------------------------------------------
 
-/// The cancel and abort signals of one generation, with futures that wake. The abort
-/// half is the crate's own [`AbortSignal`], the one the tokio layer uses.
+/// The signals of one generation. The driver's side (its abort, and the cancel a
+/// check quits on) is the crate's own [`RunSignal`], the one the tokio layer uses; the
+/// units' side is a flag with wakeable futures, as a unit's token would be.
 #[derive(Clone, Debug)]
 pub(crate) struct Signal(Arc<SignalState>);
 
@@ -40,7 +41,7 @@ pub(crate) struct Signal(Arc<SignalState>);
 struct SignalState {
     cancelled: AtomicBool,
     wakers: Mutex<Vec<Waker>>,
-    abort: AbortSignal,
+    driver: RunSignal,
 }
 
 impl CancelHandle for Signal {
@@ -48,11 +49,12 @@ impl CancelHandle for Signal {
         Signal(Arc::new(SignalState {
             cancelled: AtomicBool::new(false),
             wakers: Mutex::new(Vec::new()),
-            abort: AbortSignal::new(),
+            driver: RunSignal::new(),
         }))
     }
 
     fn cancel(&self) {
+        self.0.driver.raise(signal::CANCEL);
         // SeqCst store, then take the wakers: a poll that registered before the
         // take is woken; one that registers after it sees the flag (it re-checks
         // after registering).
@@ -64,19 +66,27 @@ impl CancelHandle for Signal {
     }
 
     fn abort(&self) {
-        self.0.abort.raise();
+        self.0.driver.raise(signal::ABORT);
     }
 
-    fn is_cancelled(&self) -> bool {
-        self.0.cancelled.load(Ordering::SeqCst)
+    async fn interrupted(&self, on_cancel: bool) -> Interrupt {
+        let mask = if on_cancel {
+            signal::ABORT | signal::CANCEL
+        } else {
+            signal::ABORT
+        };
+        if self.0.driver.wait(mask).await & signal::ABORT != 0 {
+            Interrupt::Aborted
+        } else {
+            Interrupt::Cancelled
+        }
     }
+}
 
-    fn cancelled(&self) -> impl Future<Output = ()> + Send + '_ {
+impl Signal {
+    /// The units' side: completes once the generation is cancelled.
+    fn cancelled(&self) -> Cancelled<'_> {
         Cancelled { signal: self }
-    }
-
-    fn aborted(&self) -> impl Future<Output = ()> + Send + '_ {
-        self.0.abort.raised()
     }
 }
 
@@ -551,35 +561,44 @@ fn l_prefix_stale_waker_is_caught() {
 }
 
 // ---------------------------------------------------------------------------------------
-// (n) the abort signal: a raise racing its listener's polls
+// (n), (o) the driver's signal: raises racing its listener's polls
 // ---------------------------------------------------------------------------------------
 
-/// (n) `AbortSignal::raise` ∥ the first poll of its listener (`Aborted`), then a poll
-/// after the raise with the same waker (the lock-free path). Two threads; no
-/// preemption bound (exhaustive).
+/// A waker that counts its wake-ups.
+struct Count(Arc<AtomicUsize>);
+
+impl std::task::Wake for Count {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// (n) `RunSignal::raise(ABORT)` ∥ the first poll of a listener for the abort, then
+/// a poll after the raise with the same waker. Two threads; no preemption bound
+/// (exhaustive).
 ///
-/// Proves (invariant 8, through the abort signal's invariant 2): a listener left
-/// pending is always woken by the raise, and a poll after the raise completes; so an
-/// abort cannot be lost between the listener's load of the flag and its waker
-/// reaching the slot. (The listener is polled by hand with a recording waker rather
-/// than blocked on, because a loom deadlock aborts the test binary.)
-fn abort_signal_wakes() {
-    let signal = Arc::new(AbortSignal::new());
+/// Proves (invariant 8, through the signal's invariant 2): a listener left pending is
+/// always woken by the raise, and a poll after the raise completes; so an abort cannot
+/// be lost between the listener's load of the bits and its waker reaching the slot.
+/// (The listener is polled by hand with a counting waker rather than blocked on,
+/// because a loom deadlock aborts the test binary.)
+fn signal_wakes() {
+    let signal = Arc::new(RunSignal::new());
     let raiser = {
         let signal = Arc::clone(&signal);
-        thread::spawn(move || signal.raise())
+        thread::spawn(move || signal.raise(signal::ABORT))
     };
-    let woken = Arc::new(AtomicBool::new(false));
-    let waker = Waker::from(std::sync::Arc::new(Flag(Arc::clone(&woken))));
-    let mut aborted = pin!(signal.raised());
+    let wakes = Arc::new(AtomicUsize::new(0));
+    let waker = Waker::from(std::sync::Arc::new(Count(Arc::clone(&wakes))));
     let mut cx = Context::from_waker(&waker);
+    let mut aborted = pin!(signal.wait(signal::ABORT));
     // One poll, as an executor makes until it is woken (a second, spurious poll
-    // would see the flag and hide a lost wake-up).
+    // would see the bit and hide a lost wake-up).
     let pending = aborted.as_mut().poll(&mut cx).is_pending();
     raiser.join().expect("the raiser does not panic");
     if pending {
         check!(
-            woken.load(Ordering::SeqCst),
+            wakes.load(Ordering::SeqCst) > 0,
             "invariant 8 violated: an abort raised while its listener registered never woke it"
         );
     }
@@ -590,20 +609,81 @@ fn abort_signal_wakes() {
 }
 
 #[test]
-fn n_abort_signal_wakes_its_listener() {
-    explore("(n) abort raise ∥ listener polls", None, abort_signal_wakes);
+fn n_signal_wakes_its_listener() {
+    explore("(n) abort raise ∥ listener's poll", None, signal_wakes);
 }
 
-/// (n') Model (n) with the listener not loading the flag again after filling its
+/// (n') Model (n) with the listener not loading the bits again after filling its
 /// slot. Must be caught.
 #[test]
 #[should_panic(expected = "invariant 8 violated: an abort raised while its listener")]
-fn n_prefix_abort_without_recheck_is_caught() {
+fn n_prefix_listener_without_recheck_is_caught() {
     prefix::with(Defect::AbortNoRecheck, || {
         explore(
-            "(n') pre-fix: abort listener without re-check",
+            "(n') pre-fix: listener without re-check",
             None,
-            abort_signal_wakes,
+            signal_wakes,
+        )
+    });
+}
+
+/// (o) a run's listener (abort only) polled twice with the same waker, the second
+/// time on the lock-free path, ∥ a cancel then an abort of its generation (a stop
+/// whose grace ran out). Two threads; no preemption bound (exhaustive).
+///
+/// Proves (invariant 8, through the signal's invariant 3): the cancel, which the
+/// listener does not wait for, leaves its waker in the slot, so the abort after it
+/// still wakes a listener that skipped the lock; the listener then completes.
+fn cancel_then_abort() {
+    let signal = Arc::new(RunSignal::new());
+    let raiser = {
+        let signal = Arc::clone(&signal);
+        thread::spawn(move || {
+            signal.raise(signal::CANCEL);
+            signal.raise(signal::ABORT);
+        })
+    };
+    let wakes = Arc::new(AtomicUsize::new(0));
+    let waker = Waker::from(std::sync::Arc::new(Count(Arc::clone(&wakes))));
+    let mut cx = Context::from_waker(&waker);
+    let mut aborted = pin!(signal.wait(signal::ABORT));
+    let _ = aborted.as_mut().poll(&mut cx);
+    // A second poll (as after a wake-up from anything): wake-ups counted from here on
+    // are the ones that would poll the listener again.
+    let before = wakes.load(Ordering::SeqCst);
+    let pending = aborted.as_mut().poll(&mut cx).is_pending();
+    raiser.join().expect("the raiser does not panic");
+    if pending {
+        check!(
+            wakes.load(Ordering::SeqCst) > before,
+            "invariant 8 violated: an abort after a cancel never woke a run's listener"
+        );
+    }
+    check!(
+        aborted.as_mut().poll(&mut cx).is_ready(),
+        "invariant 8 violated: the listener of a raised abort is still pending"
+    );
+}
+
+#[test]
+fn o_cancel_leaves_the_abort_listener_in_place() {
+    explore(
+        "(o) cancel then abort ∥ listener's two polls",
+        None,
+        cancel_then_abort,
+    );
+}
+
+/// (o') Model (o) with a raise that takes the listener's waker whatever it waits for.
+/// Must be caught.
+#[test]
+#[should_panic(expected = "invariant 8 violated: an abort after a cancel")]
+fn o_prefix_raise_wakes_any_listener_is_caught() {
+    prefix::with(Defect::WakeAnyListener, || {
+        explore(
+            "(o') pre-fix: a raise takes any listener",
+            None,
+            cancel_then_abort,
         )
     });
 }

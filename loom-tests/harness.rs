@@ -30,7 +30,7 @@ use std::time::Instant;
 use loom::model::Builder;
 use loom::thread;
 use taskstage::lifecycle::{
-    Applied, CancelHandle, Lifecycle, Settle, Snapshot, Start, StartKind, Transition,
+    Applied, CancelHandle, Interrupt, Lifecycle, Settle, Snapshot, Start, StartKind, Transition,
 };
 use taskstage::sync::{Arc, AtomicBool, AtomicU64, Ordering};
 use taskstage::{Command, Error, Exit, Outcome, RunError, Stage};
@@ -306,16 +306,8 @@ impl CancelHandle for ModelCancel {
         self.cancel();
     }
 
-    fn is_cancelled(&self) -> bool {
-        self.0.load(Ordering::SeqCst)
-    }
-
     // The scripted parties read the flag; they never await a signal.
-    fn cancelled(&self) -> impl Future<Output = ()> + Send + '_ {
-        std::future::pending()
-    }
-
-    fn aborted(&self) -> impl Future<Output = ()> + Send + '_ {
+    fn interrupted(&self, _on_cancel: bool) -> impl Future<Output = Interrupt> + Send + '_ {
         std::future::pending()
     }
 }

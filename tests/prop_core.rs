@@ -50,16 +50,11 @@ impl CancelHandle for Flag {
         self.cancel();
     }
 
-    fn is_cancelled(&self) -> bool {
-        self.is_set()
-    }
-
     // The scripted driver plays runs by hand and never awaits a signal.
-    fn cancelled(&self) -> impl std::future::Future<Output = ()> + Send + '_ {
-        std::future::pending()
-    }
-
-    fn aborted(&self) -> impl std::future::Future<Output = ()> + Send + '_ {
+    fn interrupted(
+        &self,
+        _on_cancel: bool,
+    ) -> impl std::future::Future<Output = taskstage::lifecycle::Interrupt> + Send + '_ {
         std::future::pending()
     }
 }

@@ -42,7 +42,7 @@ use std::pin::{pin, Pin};
 use std::task::Poll;
 
 use super::catch::CatchUnwind;
-use super::{Applied, CancelHandle, Lifecycle, Settle, Start, StartKind, Transition};
+use super::{Applied, CancelHandle, Interrupt, Lifecycle, Settle, Start, StartKind, Transition};
 use crate::error::{Error, RunError};
 use crate::outcome::Exit;
 use crate::stage::Command;
@@ -360,44 +360,29 @@ enum Ended<T> {
     Done(T),
 }
 
-/// Polls `abort` first; then, for a check (`cancel` given), quits if the generation
-/// is already cancelled; then polls `work`; and only if the work is still pending,
-/// polls `cancel`, which registers its waker on the token.
-///
-/// A check that passes on its first poll (the usual no-op check) so never registers
-/// on the token, and a cancel before the poll still drops the check unpolled. A
-/// cancel during the work's poll is seen by the `cancel` poll right after it.
+/// Polls `interrupt` (the generation's abort and, for a check, its cancel) first,
+/// then `work`: an abort, or a pause or stop of a check, issued before a poll drops
+/// the work unpolled.
 ///
 /// The futures are pinned by the caller, in its own state: an `async fn` taking them
 /// by value would hold each twice (the argument, and the pinned local it moves into),
 /// which made every run's task hundreds of bytes larger.
-fn race<'a, K, A, B, W>(
-    signals: &'a K,
-    mut abort: Pin<&'a mut A>,
-    mut cancel: Pin<&'a mut Option<B>>,
+fn race<'a, I, W>(
+    mut interrupt: Pin<&'a mut I>,
     mut work: Pin<&'a mut W>,
 ) -> impl Future<Output = Ended<W::Output>> + 'a
 where
-    K: CancelHandle,
-    A: Future<Output = ()>,
-    B: Future<Output = ()>,
+    I: Future<Output = Interrupt>,
     W: Future,
 {
     poll_fn(move |cx| {
-        if abort.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(Ended::Aborted);
+        if let Poll::Ready(interrupt) = interrupt.as_mut().poll(cx) {
+            return Poll::Ready(match interrupt {
+                Interrupt::Aborted => Ended::Aborted,
+                Interrupt::Cancelled => Ended::Cancelled,
+            });
         }
-        let fast_quit = cancel.is_some();
-        if fast_quit && signals.is_cancelled() {
-            return Poll::Ready(Ended::Cancelled);
-        }
-        if let Poll::Ready(done) = work.as_mut().poll(cx) {
-            return Poll::Ready(Ended::Done(done));
-        }
-        match cancel.as_mut().as_pin_mut().map(|cancel| cancel.poll(cx)) {
-            Some(Poll::Ready(())) => Poll::Ready(Ended::Cancelled),
-            _ => Poll::Pending,
-        }
+        work.as_mut().poll(cx).map(Ended::Done)
     })
 }
 
@@ -483,9 +468,8 @@ async fn run_armed<K, C, U, R>(
             };
             // A pause or stop drops a check at once (fast quit); a run is told through
             // its token and returns by itself, unless it is aborted.
-            let cancel = pin!((kind == StartKind::Prepare).then(|| start.cancel.cancelled()));
-            let abort = pin!(start.cancel.aborted());
-            match race(&start.cancel, abort, cancel, pin!(work)).await {
+            let interrupt = pin!(start.cancel.interrupted(kind == StartKind::Prepare));
+            match race(interrupt, pin!(work)).await {
                 Ended::Aborted | Ended::Cancelled => Exit::Cancelled,
                 Ended::Done(exit) => exit,
             }

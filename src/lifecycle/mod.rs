@@ -37,12 +37,12 @@
 //! table and allocation. Effects, wakers and condition-variable notifications all run
 //! after it is released.
 
-pub mod abort;
 mod catch;
 pub mod driver;
 mod journal;
 #[cfg(taskstage_loom)]
 pub mod prefix;
+pub mod signal;
 mod waiters;
 
 use std::fmt;
@@ -77,12 +77,19 @@ pub trait CancelHandle: Clone + Send + Sync + 'static {
     /// Requests an abort: the driver drops the run's future at its next poll, without
     /// the run's cooperation. Idempotent.
     fn abort(&self);
-    /// Whether [`CancelHandle::cancel`] was called.
-    fn is_cancelled(&self) -> bool;
-    /// Completes once [`CancelHandle::cancel`] was called.
-    fn cancelled(&self) -> impl Future<Output = ()> + Send + '_;
-    /// Completes once [`CancelHandle::abort`] was called.
-    fn aborted(&self) -> impl Future<Output = ()> + Send + '_;
+    /// Completes once [`CancelHandle::abort`] was called, or, when `on_cancel`, once
+    /// [`CancelHandle::cancel`] was; says which (an abort first, if both were). The
+    /// driver has one such future per check or run at a time.
+    fn interrupted(&self, on_cancel: bool) -> impl Future<Output = Interrupt> + Send + '_;
+}
+
+/// What interrupted a check or run: see [`CancelHandle::interrupted`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Interrupt {
+    /// It was aborted.
+    Aborted,
+    /// It was cancelled (reported only to a listener that asked for cancels).
+    Cancelled,
 }
 
 /// A copy of a task's state, taken under the core's lock.

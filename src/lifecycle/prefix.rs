@@ -26,6 +26,10 @@ pub enum Defect {
     /// The abort signal's listener filled its waker slot without loading the flag
     /// again, so a raise between its first load and the slot was never seen.
     AbortNoRecheck = 32,
+    /// A raise of the signal took the listener's waker even when the listener did not
+    /// wait for the raised bit, so a listener that then skipped the lock missed a
+    /// later abort.
+    WakeAnyListener = 64,
 }
 
 /// The defects switched on. A plain `std` atomic: it is set outside the model and is

@@ -21,14 +21,8 @@ impl CancelHandle for Flag {
     fn abort(&self) {
         self.cancel();
     }
-    fn is_cancelled(&self) -> bool {
-        self.0.load(Ordering::SeqCst)
-    }
     // These tests drive the core by hand and never await a signal.
-    fn cancelled(&self) -> impl Future<Output = ()> + Send + '_ {
-        std::future::pending()
-    }
-    fn aborted(&self) -> impl Future<Output = ()> + Send + '_ {
+    fn interrupted(&self, _on_cancel: bool) -> impl Future<Output = Interrupt> + Send + '_ {
         std::future::pending()
     }
 }

@@ -13,15 +13,15 @@ use tokio_util::sync::CancellationToken;
 use super::unit::{DynUnit, ProgressCell, RunContext, RunExit};
 use super::StageEvent;
 use crate::error::RunError;
-use crate::lifecycle::abort::AbortSignal;
 use crate::lifecycle::driver::{BoxFuture, Driver, RunInfo, Runtime, Work};
-use crate::lifecycle::{CancelHandle, Lifecycle, Transition};
+use crate::lifecycle::signal::{self, RunSignal};
+use crate::lifecycle::{CancelHandle, Interrupt, Lifecycle, Transition};
 use crate::outcome::Exit;
 use crate::sync::{lock, Arc, Mutex};
 
-/// The signals of one generation: the token the unit sees, and the abort (which only
-/// the driver's race listens to, so it is a flag and a waker slot, not a second
-/// token).
+/// The signals of one generation: the token the unit sees, and the driver's signal
+/// (its abort, and the cancel a pre-start check quits on), which only the driver's
+/// race listens to, so it is two bits and a waker slot rather than more tokens.
 ///
 /// Shared behind one `Arc`: a generation's signals are cloned for its start, for the
 /// cancel a pause carries out, and for each context a unit is given, and cloning a
@@ -31,36 +31,38 @@ pub(crate) struct RunSignals(Arc<Signals>);
 
 #[derive(Debug)]
 pub(crate) struct Signals {
-    pub(crate) cancel: CancellationToken,
-    abort: AbortSignal,
+    cancel: CancellationToken,
+    driver: RunSignal,
 }
 
 impl CancelHandle for RunSignals {
     fn new_handle() -> Self {
         RunSignals(Arc::new(Signals {
             cancel: CancellationToken::new(),
-            abort: AbortSignal::new(),
+            driver: RunSignal::new(),
         }))
     }
 
     fn cancel(&self) {
+        self.0.driver.raise(signal::CANCEL);
         self.0.cancel.cancel();
     }
 
     fn abort(&self) {
-        self.0.abort.raise();
+        self.0.driver.raise(signal::ABORT);
     }
 
-    fn is_cancelled(&self) -> bool {
-        self.0.cancel.is_cancelled()
-    }
-
-    fn cancelled(&self) -> impl Future<Output = ()> + Send + '_ {
-        self.0.cancel.cancelled()
-    }
-
-    fn aborted(&self) -> impl Future<Output = ()> + Send + '_ {
-        self.0.abort.raised()
+    async fn interrupted(&self, on_cancel: bool) -> Interrupt {
+        let mask = if on_cancel {
+            signal::ABORT | signal::CANCEL
+        } else {
+            signal::ABORT
+        };
+        if self.0.driver.wait(mask).await & signal::ABORT != 0 {
+            Interrupt::Aborted
+        } else {
+            Interrupt::Cancelled
+        }
     }
 }
 
