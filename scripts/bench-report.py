@@ -217,8 +217,8 @@ def ratios(m: dict[str, float], s: dict[str, float]) -> list[Ratio]:
         Ratio(
             "scale: stop all ÷ floor",
             s["stop_all_ms"] / s["floor_stop_all_ms"],
-            None,
-            "(no goal)",
+            2.0,
+            "≤ 2",
         ),
     ]
 
