@@ -58,6 +58,7 @@ pub struct WorkerBuilder {
     capacity: usize,
     resync: Duration,
     op_timeout: Duration,
+    unfenced: bool,
 }
 
 impl std::fmt::Debug for WorkerBuilder {
@@ -111,6 +112,17 @@ impl WorkerBuilder {
     /// The deadline of each store call (default 1 s).
     pub fn op_timeout(mut self, timeout: Duration) -> Self {
         self.op_timeout = timeout;
+        self
+    }
+
+    /// **Breaks the crate's promise; for tests of the checks only.** The worker
+    /// skips self-fencing (it ignores its lease deadline, a lost lease and a key
+    /// taken by another worker) and fencing (its writes carry no compare). The
+    /// fault tests use it to show that their history checker catches what the
+    /// fences prevent.
+    #[doc(hidden)]
+    pub fn unfenced_for_tests(mut self, unfenced: bool) -> Self {
+        self.unfenced = unfenced;
         self
     }
 
@@ -217,6 +229,7 @@ impl WorkerBuilder {
             resync: self.resync,
             op_timeout,
             grace: self.stop_bound / 2,
+            unfenced: self.unfenced,
             factory: Box::new(factory),
             wake: Arc::new(Notify::new()),
             view: Mutex::new(BTreeMap::new()),
@@ -261,6 +274,8 @@ struct Inner {
     resync: Duration,
     op_timeout: Duration,
     grace: Duration,
+    /// Test-only: no self-fencing, no fencing ([`WorkerBuilder::unfenced_for_tests`]).
+    unfenced: bool,
     factory: Box<Factory>,
     wake: Arc<Notify>,
     /// What the worker holds, for [`Worker::tasks`]; written by the reconcile loop
@@ -285,6 +300,18 @@ impl Inner {
 
     fn at(&self, ms: u64) -> Instant {
         self.epoch + Duration::from_millis(ms)
+    }
+
+    /// A fencer for `token`, the only way the worker makes one.
+    fn fencer(&self, token: FenceToken) -> Fencer {
+        Fencer::new(
+            Arc::clone(&self.coord),
+            self.keys.clone(),
+            token,
+            Arc::clone(&self.wake),
+            self.op_timeout,
+            self.unfenced,
+        )
     }
 
     fn view(&self) -> MutexGuard<'_, BTreeMap<TaskId, Held>> {
@@ -380,6 +407,7 @@ impl Worker {
             capacity: 16,
             resync: Duration::from_millis(500),
             op_timeout: Duration::from_secs(1),
+            unfenced: false,
         }
     }
 
@@ -604,7 +632,15 @@ async fn reconcile(
             wind_down(&inner, &mut slots).await;
             return Ok(());
         }
-        let lease = *lease_rx.borrow_and_update();
+        let lease = if inner.unfenced {
+            // Test-only: a lease that never ends, whatever the store says.
+            let _ = lease_rx.borrow_and_update();
+            LeaseState {
+                stop_at: Some(u64::MAX),
+            }
+        } else {
+            *lease_rx.borrow_and_update()
+        };
         let listing = within(
             inner.op_timeout,
             "list tasks",
@@ -645,6 +681,7 @@ async fn reconcile(
         }
         let deadline = lease
             .stop_at
+            .filter(|_| !inner.unfenced)
             .map(|ms| inner.at(ms))
             .filter(|at| *at > Instant::now());
         tokio::select! {
@@ -694,6 +731,8 @@ async fn step(
         .and_then(parse_desired);
     // Ownership from the listing; without a listing, what this worker knew.
     let ownership = match (read_ok, record.and_then(|r| r.owner.as_ref())) {
+        // Test-only: a task once held stays "mine", whoever holds the key now.
+        _ if inner.unfenced && slot_rev.is_some() => Ownership::Mine,
         (true, None) => Ownership::Unowned,
         (true, Some(kv)) if kv.value == inner.owner_value.as_bytes() => match slot_rev {
             Some(rev) if rev != kv.create_revision => Ownership::Other,
@@ -787,13 +826,7 @@ async fn step(
                     if let Some((_, rev)) = desired {
                         unbuildable.insert(task.clone(), rev);
                     }
-                    let fencer = Fencer::new(
-                        Arc::clone(&inner.coord),
-                        inner.keys.clone(),
-                        token,
-                        Arc::clone(&inner.wake),
-                        inner.op_timeout,
-                    );
+                    let fencer = inner.fencer(token);
                     let _ = fencer
                         .fenced(vec![Op::Delete {
                             key: inner.keys.owner(task),
@@ -923,13 +956,7 @@ fn build(
         task: task.clone(),
         reason: "the task has no spec".into(),
     })?;
-    let fencer = Fencer::new(
-        Arc::clone(&inner.coord),
-        inner.keys.clone(),
-        token,
-        Arc::clone(&inner.wake),
-        inner.op_timeout,
-    );
+    let fencer = inner.fencer(token);
     let request = TaskSpec {
         task: task.clone(),
         spec,
@@ -999,13 +1026,7 @@ async fn wind_down(inner: &Arc<Inner>, slots: &mut BTreeMap<TaskId, Slot>) {
         if stage.is_some_and(Stage::run_may_be_alive) {
             continue;
         }
-        let fencer = Fencer::new(
-            Arc::clone(&inner.coord),
-            inner.keys.clone(),
-            slot.token,
-            Arc::clone(&inner.wake),
-            inner.op_timeout,
-        );
+        let fencer = inner.fencer(slot.token);
         let _ = fencer
             .fenced(vec![
                 Op::Delete {
