@@ -8,6 +8,8 @@
 
 #![allow(dead_code)] // each test file uses a part of it
 
+pub(crate) mod history;
+
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
