@@ -27,3 +27,6 @@ bash scripts/etcd-setup.sh
 cargo test --features etcd --lib cluster::
 cargo test --features etcd --doc cluster
 cargo test --features etcd --test cluster_prop --test cluster_model --test cluster_etcd -- --nocapture
+# Worker processes under SIGSTOP, kill -9, a cut to etcd, the etcd leader lost, two
+# controllers racing, 100 tasks: each scenario's merged history is checked.
+cargo test --features etcd --test cluster_faults -- --nocapture

@@ -456,6 +456,23 @@ impl History {
         Some(())
     }
 
+    /// How many runs of process `pid` have no drop recorded.
+    pub(crate) fn alive_runs_of(&self, pid: u32) -> usize {
+        self.runs
+            .values()
+            .filter(|r| r.pid == pid && r.drop.is_none())
+            .count()
+    }
+
+    /// How many writes by `worker` sent at or after `since` were accepted.
+    pub(crate) fn accepted_writes_since(&self, worker: &str, since: u64) -> usize {
+        self.writes
+            .iter()
+            .filter(|w| w.worker == worker && w.sent >= since)
+            .filter(|w| w.outcome == WriteOutcome::Accepted)
+            .count()
+    }
+
     /// The interval a run counts as alive for rules 1 and 4, and whether it was cut
     /// short at a freeze.
     fn alive_span(&self, run: &Run, allowance: u64) -> (u64, u64, bool) {

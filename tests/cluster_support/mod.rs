@@ -9,6 +9,7 @@
 #![allow(dead_code)] // each test file uses a part of it
 
 pub(crate) mod history;
+pub(crate) mod proxy;
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -190,6 +191,39 @@ impl EtcdCluster {
         }
     }
 
+    /// Thaws member `i` after [`EtcdCluster::freeze_member`] (SIGCONT).
+    pub(crate) fn thaw_member(&mut self, i: usize) {
+        if let Some(child) = &self.members[i].child {
+            signal(child, "-CONT");
+        }
+    }
+
+    /// The index of the member that is the raft leader, as the first member that
+    /// answers says (through etcd's JSON gateway, `/v3/maintenance/status`).
+    pub(crate) fn leader(&self) -> Option<usize> {
+        let mut ids = Vec::new();
+        let mut leader = None;
+        for member in &self.members {
+            let port = member.client_url.rsplit(':').next()?.parse().ok()?;
+            let body = member
+                .child
+                .as_ref()
+                .and_then(|_| post(port, "/v3/maintenance/status", "{}"));
+            let field = |name: &str| {
+                body.as_deref().and_then(|b| {
+                    let start = b.find(&format!("\"{name}\":\""))? + name.len() + 4;
+                    let len = b[start..].find('"')?;
+                    Some(b[start..start + len].to_owned())
+                })
+            };
+            ids.push(field("member_id"));
+            leader = leader.or_else(|| field("leader"));
+        }
+        let leader = leader?;
+        ids.iter()
+            .position(|id| id.as_deref() == Some(leader.as_str()))
+    }
+
     /// The index of the member with this client URL.
     pub(crate) fn member_of(&self, url: &str) -> Option<usize> {
         self.members.iter().position(|m| m.client_url == url)
@@ -260,6 +294,26 @@ fn signal(child: &Child, which: &str) {
 
 fn remove_dir(dir: &Path) {
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// POSTs `body` to `path` on 127.0.0.1:`port` and returns the response, if any
+/// came within 500 ms.
+fn post(port: u16, path: &str, body: &str) -> Option<String> {
+    let mut stream =
+        TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(200))
+            .ok()?;
+    stream
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .ok()?;
+    let request = format!(
+        "POST {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).ok()?;
+    let mut response = String::new();
+    let _ = stream.read_to_string(&mut response);
+    (!response.is_empty()).then_some(response)
 }
 
 /// A free port on 127.0.0.1 where nothing listens.
