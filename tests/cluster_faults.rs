@@ -16,9 +16,8 @@
 
 mod cluster_support;
 
-use std::io::Read;
 use std::path::PathBuf;
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -26,7 +25,7 @@ use cluster_support::history::{
     now_ns, Fault, History, Recorder, Verdict, Violation, WriteOutcome,
 };
 use cluster_support::proxy::Proxy;
-use cluster_support::EtcdCluster;
+use cluster_support::{exit_when_stdin_closes, signal_pid, ChildGuard, EtcdCluster};
 use taskstage::cluster::{
     ClusterError, Controller, Coordinator, DesiredStage, EtcdCoordinator, EtcdOptions, Fencer,
     TaskSpec, TaskStatus, Worker,
@@ -117,11 +116,7 @@ fn worker_process() {
     let recorder = Recorder::create(&dir, &format!("worker-{id}-{}", std::process::id()))
         .expect("create the worker's history file");
     // The test holds the other end of stdin: when it goes away, so does this.
-    std::thread::spawn(|| {
-        let mut byte = [0u8; 1];
-        while let Ok(1) = std::io::stdin().read(&mut byte) {}
-        std::process::exit(0);
-    });
+    exit_when_stdin_closes();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -179,23 +174,8 @@ fn worker_process() {
 /// A worker process; dropping it kills it by pid.
 struct Proc {
     id: String,
-    child: Child,
-    _stdin: Option<ChildStdin>,
+    child: ChildGuard,
     proxy: Option<Proxy>,
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        signal(self.child.id(), rustix::process::Signal::CONT);
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn signal(pid: u32, sig: rustix::process::Signal) {
-    if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
-        let _ = rustix::process::kill_process(pid, sig);
-    }
 }
 
 /// Worker processes of one test, the test's own history, and a controller.
@@ -264,7 +244,7 @@ impl Fleet {
             .as_ref()
             .map_or_else(|| self.endpoints.clone(), Proxy::endpoints);
         let exe = std::env::current_exe().expect("the test binary's path");
-        let mut child = Command::new(exe)
+        let child = Command::new(exe)
             .args(["worker_process", "--exact", "--ignored", "--nocapture"])
             .args(["--test-threads", "1"])
             .env(WORKER_ENV, id)
@@ -287,11 +267,9 @@ impl Fleet {
             )
             .spawn()
             .expect("start a worker process");
-        let stdin = child.stdin.take();
         self.procs.push(Proc {
             id: id.to_owned(),
-            child,
-            _stdin: stdin,
+            child: ChildGuard::new(child),
             proxy,
         });
     }
@@ -304,7 +282,7 @@ impl Fleet {
     }
 
     fn pid(&self, id: &str) -> u32 {
-        self.proc(id).child.id()
+        self.proc(id).child.pid()
     }
 
     fn proxy(&self, id: &str) -> &Proxy {
@@ -319,19 +297,19 @@ impl Fleet {
             .position(|p| p.id == id)
             .expect("a worker");
         let proc = self.procs.remove(at);
-        let pid = proc.child.id();
+        let pid = proc.child.pid();
         drop(proc);
         self.recorder.fault(Fault::Killed, pid);
     }
 
     fn freeze(&self, id: &str) {
-        signal(self.pid(id), rustix::process::Signal::STOP);
+        signal_pid(self.pid(id), rustix::process::Signal::STOP);
         self.recorder.fault(Fault::Freeze, self.pid(id));
     }
 
     fn thaw(&self, id: &str) {
         self.recorder.fault(Fault::Thaw, self.pid(id));
-        signal(self.pid(id), rustix::process::Signal::CONT);
+        signal_pid(self.pid(id), rustix::process::Signal::CONT);
     }
 
     /// Reads `task`'s status, recording what it observed when the current owner's
@@ -842,4 +820,91 @@ async fn a_hundred_tasks_over_three_workers_survive_one_killed() {
     let verdict = fleet.verdict(&names).await;
     assert_passed(&verdict);
     assert!(verdict.runs >= 100, "{verdict}");
+}
+
+/// A local unit like [`Probe`], without the store: it waits for its cancellation in
+/// 50 ms steps.
+struct Tick;
+
+impl Unit for Tick {
+    async fn run(&mut self, ctx: RunContext) -> Result<RunExit, RunError> {
+        // Bounded by the run's cancellation.
+        loop {
+            tokio::select! {
+                _ = ctx.cancelled() => return Ok(RunExit::Cancelled),
+                _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+            }
+        }
+    }
+}
+
+fn median(mut samples: Vec<Duration>) -> Duration {
+    samples.sort();
+    samples[samples.len() / 2]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn figures_a_cluster_wide_pause_against_a_local_one() {
+    let Some(cluster) = EtcdCluster::start_or_skip(3) else {
+        return;
+    };
+    const N: usize = 15;
+    let local = Task::builder("local")
+        .unit(Tick)
+        .spawn()
+        .expect("a local task");
+    let mut local_pauses = Vec::new();
+    for _ in 0..N {
+        local.wait_for_stage(|s| s == Stage::Running).await;
+        let asked = Instant::now();
+        let stage = local
+            .pause_within(Duration::from_secs(5))
+            .await
+            .expect("a local pause");
+        local_pauses.push(asked.elapsed());
+        assert_eq!(stage, Stage::Paused);
+        local.resume().await.expect("a local resume");
+    }
+
+    let mut fleet = Fleet::new(&cluster, false).await;
+    fleet.spawn("w1", ONE);
+    create_running(&fleet, "t").await;
+    fleet.answered("t", LIVENESS, is("w1")).await;
+    let mut round_trips = Vec::new();
+    let mut cluster_pauses = Vec::new();
+    for _ in 0..N {
+        let read = Instant::now();
+        fleet.controller.status("t").await.expect("a status read");
+        round_trips.push(read.elapsed());
+        let asked = Instant::now();
+        let paused = fleet
+            .controller
+            .pause_within("t", LIVENESS)
+            .await
+            .expect("a cluster-wide pause");
+        cluster_pauses.push(asked.elapsed());
+        assert_eq!(paused.stage, Stage::Paused);
+        let sent = now_ns();
+        fleet.recorder.observe("t", paused.stage, sent);
+        fleet
+            .controller
+            .resume_within("t", LIVENESS)
+            .await
+            .expect("a cluster-wide resume");
+    }
+    let (l, c, rt) = (
+        median(local_pauses),
+        median(cluster_pauses),
+        median(round_trips),
+    );
+    eprintln!(
+        "figure: pause latency (median of {N}): local {l:?}, cluster-wide {c:?}, etcd round \
+         trip {rt:?}; cluster / local = {:.0}; goal cluster <= 2 x local + 1 round trip ({:?}): {}",
+        c.as_secs_f64() / l.as_secs_f64().max(1e-9),
+        2 * l + rt,
+        if c <= 2 * l + rt { "met" } else { "not met" }
+    );
+    let verdict = fleet.verdict(&tasks(&["t"])).await;
+    assert_passed(&verdict);
+    assert!(verdict.runs > N, "every resume started a run: {verdict}");
 }

@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -314,6 +314,54 @@ fn post(port: u16, path: &str, body: &str) -> Option<String> {
     let mut response = String::new();
     let _ = stream.read_to_string(&mut response);
     (!response.is_empty()).then_some(response)
+}
+
+/// A child process that is killed by pid (thawed first) when dropped, also when a
+/// test fails. It holds the child's stdin open: a child that calls
+/// [`exit_when_stdin_closes`] goes away with its parent, however the parent ends.
+pub(crate) struct ChildGuard {
+    child: Child,
+    _stdin: Option<ChildStdin>,
+}
+
+impl ChildGuard {
+    /// Guards `child` (started with a piped stdin).
+    pub(crate) fn new(mut child: Child) -> ChildGuard {
+        let stdin = child.stdin.take();
+        ChildGuard {
+            child,
+            _stdin: stdin,
+        }
+    }
+
+    /// The child's pid.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        signal_pid(self.child.id(), rustix::process::Signal::CONT);
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Sends `sig` to process `pid` (one this program started).
+pub(crate) fn signal_pid(pid: u32, sig: rustix::process::Signal) {
+    if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
+        let _ = rustix::process::kill_process(pid, sig);
+    }
+}
+
+/// In a child process: exits as soon as stdin (a pipe from the parent) closes.
+pub(crate) fn exit_when_stdin_closes() {
+    std::thread::spawn(|| {
+        let mut byte = [0u8; 1];
+        while let Ok(1) = std::io::stdin().read(&mut byte) {}
+        std::process::exit(0);
+    });
 }
 
 /// A free port on 127.0.0.1 where nothing listens.
