@@ -611,10 +611,26 @@ async fn a_worker_cut_off_from_etcd_stops_its_run_before_another_starts() {
     assert_eq!(verdict.frozen, 0);
 }
 
-/// Kills (or freezes) the etcd leader while two workers run two tasks; the tasks
-/// are then paused and resumed through the remaining members.
-async fn leader_lost(freeze: bool) {
-    let Some(mut cluster) = EtcdCluster::start_or_skip(3) else {
+/// What happens to the etcd leader.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LeaderFault {
+    /// SIGKILL.
+    Kill,
+    /// SIGSTOP for the rest of the scenario, then SIGCONT.
+    Freeze,
+    /// Partitioned from the other two members (its peer traffic cut both ways),
+    /// its client port still open: a minority of one, then healed.
+    Isolate,
+}
+
+/// Takes the etcd leader away while two workers run two tasks; the tasks are then
+/// paused and resumed through the remaining members.
+async fn leader_lost(fault: LeaderFault) {
+    let started = match fault {
+        LeaderFault::Isolate => EtcdCluster::start_partitionable(3),
+        _ => EtcdCluster::start_or_skip(3),
+    };
+    let Some(mut cluster) = started else {
         return;
     };
     let mut fleet = Fleet::new(&cluster, false).await;
@@ -639,10 +655,10 @@ async fn leader_lost(freeze: bool) {
         }
     };
     let lost = Instant::now();
-    if freeze {
-        cluster.freeze_member(leader);
-    } else {
-        cluster.kill_member(leader);
+    match fault {
+        LeaderFault::Kill => cluster.kill_member(leader),
+        LeaderFault::Freeze => cluster.freeze_member(leader),
+        LeaderFault::Isolate => cluster.isolate_member(leader),
     }
     // The controller's connection may be on the lost member: a fresh one on the
     // others, as an operator would.
@@ -672,12 +688,21 @@ async fn leader_lost(freeze: bool) {
         }
     }
     eprintln!(
-        "leader {} lost: every task answered twice within {:?}",
-        if freeze { "frozen" } else { "killed" },
+        "leader lost ({fault:?}): every task answered twice within {:?}",
         lost.elapsed()
     );
-    if freeze {
-        cluster.thaw_member(leader);
+    if fault == LeaderFault::Isolate {
+        // A new leader among the other two: the isolated one is in a minority.
+        let now = cluster.leader();
+        assert!(
+            now.is_some_and(|l| l != leader),
+            "leader {now:?} after isolating {leader}"
+        );
+    }
+    match fault {
+        LeaderFault::Kill => {}
+        LeaderFault::Freeze => cluster.thaw_member(leader),
+        LeaderFault::Isolate => cluster.heal_members(),
     }
     let verdict = fleet.verdict(&names).await;
     assert_passed(&verdict);
@@ -685,12 +710,17 @@ async fn leader_lost(freeze: bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_etcd_leader_killed_costs_no_safety_and_the_tasks_answer() {
-    leader_lost(false).await;
+    leader_lost(LeaderFault::Kill).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_etcd_leader_frozen_costs_no_safety_and_the_tasks_answer() {
-    leader_lost(true).await;
+    leader_lost(LeaderFault::Freeze).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_etcd_leader_partitioned_into_a_minority_costs_no_safety() {
+    leader_lost(LeaderFault::Isolate).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -29,6 +29,9 @@ static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 /// A running etcd cluster; dropping it stops every member by pid.
 pub(crate) struct EtcdCluster {
     members: Vec<Member>,
+    /// In front of the members' peer ports, when started with
+    /// [`EtcdCluster::start_partitionable`].
+    peers: Option<proxy::Proxy>,
     dir: PathBuf,
     _turn: MutexGuard<'static, ()>,
 }
@@ -84,6 +87,17 @@ impl EtcdCluster {
     /// If the binary is missing under `CI=true`, or the cluster is not healthy
     /// within 20 s (the members are stopped first, and their logs printed).
     pub(crate) fn start_or_skip(n: usize) -> Option<EtcdCluster> {
+        EtcdCluster::start(n, false)
+    }
+
+    /// As [`EtcdCluster::start_or_skip`], with the members' peer traffic through a
+    /// proxy, so that [`EtcdCluster::isolate_member`] can partition one member
+    /// from the others.
+    pub(crate) fn start_partitionable(n: usize) -> Option<EtcdCluster> {
+        EtcdCluster::start(n, true)
+    }
+
+    fn start(n: usize, partitionable: bool) -> Option<EtcdCluster> {
         let Some(binary) = etcd_binary() else {
             let ci = std::env::var("CI").is_ok_and(|v| v == "true");
             assert!(
@@ -102,13 +116,22 @@ impl EtcdCluster {
             std::env::temp_dir().join(format!("taskstage-etcd-{}-{stamp}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("create the cluster's temporary directory");
         let ports: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
-        let initial: Vec<String> = ports
+        let listen: Vec<String> = ports
+            .iter()
+            .map(|(_, peer)| format!("http://127.0.0.1:{peer}"))
+            .collect();
+        let peers = partitionable.then(|| proxy::Proxy::start(&listen));
+        let advertised = peers
+            .as_ref()
+            .map_or_else(|| listen.clone(), proxy::Proxy::endpoints);
+        let initial: Vec<String> = advertised
             .iter()
             .enumerate()
-            .map(|(i, (_, peer))| format!("m{i}=http://127.0.0.1:{peer}"))
+            .map(|(i, url)| format!("m{i}={url}"))
             .collect();
         let mut cluster = EtcdCluster {
             members: Vec::new(),
+            peers,
             dir: dir.clone(),
             _turn: turn,
         };
@@ -130,10 +153,7 @@ impl EtcdCluster {
                     &format!("http://127.0.0.1:{client}"),
                 ])
                 .args(["--listen-peer-urls", &format!("http://127.0.0.1:{peer}")])
-                .args([
-                    "--initial-advertise-peer-urls",
-                    &format!("http://127.0.0.1:{peer}"),
-                ])
+                .args(["--initial-advertise-peer-urls", &advertised[i]])
                 .args(["--initial-cluster", &initial.join(",")])
                 .args(["--initial-cluster-token", &format!("taskstage-{stamp}")])
                 .args(["--initial-cluster-state", "new"])
@@ -198,6 +218,38 @@ impl EtcdCluster {
         }
     }
 
+    /// Partitions member `i` from the others (both ways), keeping its client port
+    /// open: a member in a minority of one. Only for a cluster started with
+    /// [`EtcdCluster::start_partitionable`].
+    ///
+    /// # Panics
+    ///
+    /// If the cluster was not started so, or the member's id cannot be read.
+    pub(crate) fn isolate_member(&mut self, i: usize) {
+        let id = self.member_id(i).expect("the member's id");
+        let peers = self.peers.as_ref().expect("a partitionable cluster");
+        peers.isolate(i, &format!("{id:x}"));
+    }
+
+    /// Ends a partition made by [`EtcdCluster::isolate_member`].
+    pub(crate) fn heal_members(&mut self) {
+        if let Some(peers) = &self.peers {
+            peers.heal();
+        }
+    }
+
+    /// Member `i`'s raft id, as it says through etcd's JSON gateway.
+    fn member_id(&self, i: usize) -> Option<u64> {
+        let port = self.members[i]
+            .client_url
+            .rsplit(':')
+            .next()?
+            .parse()
+            .ok()?;
+        let body = post(port, "/v3/maintenance/status", "{}")?;
+        json_field(&body, "member_id")?.parse().ok()
+    }
+
     /// The index of the member that is the raft leader, as the first member that
     /// answers says (through etcd's JSON gateway, `/v3/maintenance/status`).
     pub(crate) fn leader(&self) -> Option<usize> {
@@ -209,13 +261,7 @@ impl EtcdCluster {
                 .child
                 .as_ref()
                 .and_then(|_| post(port, "/v3/maintenance/status", "{}"));
-            let field = |name: &str| {
-                body.as_deref().and_then(|b| {
-                    let start = b.find(&format!("\"{name}\":\""))? + name.len() + 4;
-                    let len = b[start..].find('"')?;
-                    Some(b[start..start + len].to_owned())
-                })
-            };
+            let field = |name: &str| body.as_deref().and_then(|b| json_field(b, name));
             ids.push(field("member_id"));
             leader = leader.or_else(|| field("leader"));
         }
@@ -294,6 +340,14 @@ fn signal(child: &Child, which: &str) {
 
 fn remove_dir(dir: &Path) {
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The string value of field `name` in a JSON text (etcd's gateway writes its
+/// 64-bit numbers as strings).
+fn json_field(body: &str, name: &str) -> Option<String> {
+    let start = body.find(&format!("\"{name}\":\""))? + name.len() + 4;
+    let len = body[start..].find('"')?;
+    Some(body[start..start + len].to_owned())
 }
 
 /// POSTs `body` to `path` on 127.0.0.1:`port` and returns the response, if any

@@ -1,5 +1,6 @@
 //! A TCP proxy on 127.0.0.1 in front of each etcd member, that the test can cut:
-//! a partition between one worker process and the whole etcd cluster.
+//! a partition between one worker process and the whole etcd cluster, or, in front
+//! of the members' peer ports, between one member and the others.
 //!
 //! While cut, connections stay open and every byte is dropped in both directions
 //! (silence, as a lost route gives, not a refusal); new connections are accepted
@@ -10,12 +11,15 @@
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 #[derive(Debug, Default)]
 struct State {
     cut: AtomicBool,
+    /// One member cut off from the others: the index of its listener, and its
+    /// member id as etcd's peers name the sender (`X-Server-From`, hex).
+    isolated: Mutex<Option<(usize, String)>>,
     /// Bumped by every heal: a connection older than the current epoch closes.
     epoch: AtomicU64,
     stop: AtomicBool,
@@ -28,6 +32,20 @@ pub(crate) struct Proxy {
     state: Arc<State>,
 }
 
+impl State {
+    /// Whether a connection to listener `to`, from the member `from` names (if
+    /// known), is cut now.
+    fn blocked(&self, to: usize, from: &OnceLock<String>) -> bool {
+        if self.cut.load(Ordering::SeqCst) {
+            return true;
+        }
+        let isolated = self.isolated.lock().unwrap_or_else(PoisonError::into_inner);
+        isolated
+            .as_ref()
+            .is_some_and(|(i, id)| *i == to || from.get() == Some(id))
+    }
+}
+
 impl Proxy {
     /// One listener per upstream `http://127.0.0.1:port`.
     ///
@@ -38,7 +56,7 @@ impl Proxy {
     pub(crate) fn start(upstreams: &[String]) -> Proxy {
         let state = Arc::new(State::default());
         let mut endpoints = Vec::new();
-        for upstream in upstreams {
+        for (index, upstream) in upstreams.iter().enumerate() {
             let target = upstream
                 .strip_prefix("http://")
                 .expect("an http:// member URL")
@@ -50,7 +68,7 @@ impl Proxy {
             let port = listener.local_addr().expect("the proxy's address").port();
             endpoints.push(format!("http://127.0.0.1:{port}"));
             let state = Arc::clone(&state);
-            std::thread::spawn(move || accept(listener, target, state));
+            std::thread::spawn(move || accept(listener, index, target, state));
         }
         Proxy { endpoints, state }
     }
@@ -66,10 +84,26 @@ impl Proxy {
         self.state.cut.store(true, Ordering::SeqCst);
     }
 
+    /// In front of the members' peer ports: cuts member `index` (member id `id`,
+    /// in hex) off from the others, both ways: what is sent to its port, and what
+    /// it sends to theirs (its connections carry its id in `X-Server-From`).
+    pub(crate) fn isolate(&self, index: usize, id: &str) {
+        *self
+            .state
+            .isolated
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some((index, id.to_owned()));
+    }
+
     /// Ends the cut and closes every connection that lived through it.
     pub(crate) fn heal(&self) {
         self.state.epoch.fetch_add(1, Ordering::SeqCst);
         self.state.cut.store(false, Ordering::SeqCst);
+        *self
+            .state
+            .isolated
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = None;
     }
 }
 
@@ -80,7 +114,7 @@ impl Drop for Proxy {
 }
 
 /// Bounded by the stop flag, polled every 20 ms.
-fn accept(listener: TcpListener, target: String, state: Arc<State>) {
+fn accept(listener: TcpListener, index: usize, target: String, state: Arc<State>) {
     while !state.stop.load(Ordering::SeqCst) {
         match listener.accept() {
             Ok((client, _)) => {
@@ -89,12 +123,19 @@ fn accept(listener: TcpListener, target: String, state: Arc<State>) {
                     continue;
                 };
                 let _ = client.set_nonblocking(false);
-                for (from, to) in [(&client, &upstream), (&upstream, &client)] {
+                let sender = Arc::new(OnceLock::new());
+                for (up, from, to) in [(true, &client, &upstream), (false, &upstream, &client)] {
                     let (Ok(from), Ok(to)) = (from.try_clone(), to.try_clone()) else {
                         continue;
                     };
+                    let link = Link {
+                        to: index,
+                        sender: Arc::clone(&sender),
+                        sniff: up,
+                        epoch,
+                    };
                     let state = Arc::clone(&state);
-                    std::thread::spawn(move || pump(from, to, epoch, state));
+                    std::thread::spawn(move || pump(from, to, link, state));
                 }
             }
             Err(e) if e.kind() == ErrorKind::WouldBlock => {
@@ -105,9 +146,30 @@ fn accept(listener: TcpListener, target: String, state: Arc<State>) {
     }
 }
 
+/// One direction of one proxied connection.
+struct Link {
+    /// The listener (member) it reached.
+    to: usize,
+    /// The sending member's id, from the first request's `X-Server-From` header.
+    sender: Arc<OnceLock<String>>,
+    /// Whether this direction carries the requests (client to member).
+    sniff: bool,
+    /// The epoch it was accepted in.
+    epoch: u64,
+}
+
+/// The value of header `X-Server-From` in `bytes`, if there.
+fn server_from(bytes: &[u8]) -> Option<String> {
+    let text = String::from_utf8_lossy(bytes);
+    let at = text.find("X-Server-From: ")? + "X-Server-From: ".len();
+    let end = text[at..].find('\r')?;
+    Some(text[at..at + end].trim().to_owned())
+}
+
 /// Copies `from` to `to` until either end closes, the proxy stops, or a heal
 /// retires this connection; while cut, what is read is dropped.
-fn pump(mut from: TcpStream, mut to: TcpStream, epoch: u64, state: Arc<State>) {
+fn pump(mut from: TcpStream, mut to: TcpStream, link: Link, state: Arc<State>) {
+    let epoch = link.epoch;
     let _ = from.set_read_timeout(Some(Duration::from_millis(100)));
     let mut buf = vec![0u8; 16 * 1024];
     loop {
@@ -117,7 +179,12 @@ fn pump(mut from: TcpStream, mut to: TcpStream, epoch: u64, state: Arc<State>) {
         match from.read(&mut buf) {
             Ok(0) => break,
             Ok(n) => {
-                if state.cut.load(Ordering::SeqCst) {
+                if link.sniff && link.sender.get().is_none() {
+                    if let Some(id) = server_from(&buf[..n]) {
+                        let _ = link.sender.set(id);
+                    }
+                }
+                if state.blocked(link.to, &link.sender) {
                     continue;
                 }
                 if to.write_all(&buf[..n]).is_err() {
