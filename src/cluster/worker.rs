@@ -236,10 +236,18 @@ impl WorkerBuilder {
             lease_state: lease_tx,
         });
         let session = tokio::spawn(Session::run(Arc::clone(&inner), timing, shutdown.clone()));
+        let guard = (!inner.unfenced).then(|| {
+            tokio::spawn(guard(
+                Arc::clone(&inner),
+                lease_rx.clone(),
+                shutdown.clone(),
+            ))
+        });
         let reconcile = tokio::spawn(reconcile(Arc::clone(&inner), lease_rx, shutdown.clone()));
         tracing::info!(worker = %id, lease = grant.id, ?ttl, "joined");
         Ok(Worker {
             inner,
+            guard,
             session: Some(session),
             reconcile: Some(reconcile),
             shutdown,
@@ -375,6 +383,7 @@ impl Session {
 /// [`Worker::shutdown`] for a clean exit that lets others take over at once.
 pub struct Worker {
     inner: Arc<Inner>,
+    guard: Option<JoinHandle<()>>,
     session: Option<JoinHandle<()>>,
     reconcile: Option<JoinHandle<Result<(), ClusterError>>>,
     shutdown: CancellationToken,
@@ -476,6 +485,9 @@ impl Worker {
         if let Some(session) = self.session.take() {
             let _ = session.await;
         }
+        if let Some(guard) = self.guard.take() {
+            let _ = guard.await;
+        }
         let revoked = within(
             self.inner.op_timeout,
             "lease revoke",
@@ -514,6 +526,10 @@ impl Worker {
     /// at once; the lease is *not* revoked, so the store expires it after its TTL.
     /// For tests and drills.
     pub async fn crash(mut self) {
+        if let Some(task) = self.guard.take() {
+            task.abort();
+            let _ = task.await;
+        }
         if let Some(task) = self.reconcile.take() {
             task.abort();
             let _ = task.await;
@@ -539,6 +555,9 @@ impl Worker {
 
 impl Drop for Worker {
     fn drop(&mut self) {
+        if let Some(task) = self.guard.take() {
+            task.abort();
+        }
         if let Some(task) = self.reconcile.take() {
             task.abort();
         }
@@ -671,6 +690,8 @@ async fn reconcile(
                 lease,
             )
             .await;
+            // At once, not after the pass: the guard stops what this view holds.
+            publish_view(&inner, &slots);
         }
         publish_view(&inner, &slots);
         if lease.stop_at.is_none() && slots.values().all(|s| s.task.is_none()) {
@@ -695,6 +716,55 @@ async fn reconcile(
                     None => std::future::pending().await,
                 }
             } => {}
+        }
+    }
+}
+
+/// The lease deadline's own enforcer, beside the reconcile loop.
+///
+/// The reconcile loop decides the fence at the deadline (decide, invariant 2), but
+/// only once it gets there: a store call that started just before the deadline can
+/// hold it for a whole call deadline past it (the fault tests caught a worker cut off
+/// from etcd still running its task when another worker had started it). This task
+/// waits for nothing but the clock and the lease state: from `stop_at` on, it stops
+/// every local run that may be alive (escalating to abort after the grace), again
+/// every resync until the lease is extended or the worker ends. The handles come
+/// from the view the reconcile loop publishes after each step.
+async fn guard(
+    inner: Arc<Inner>,
+    mut lease_rx: watch::Receiver<LeaseState>,
+    shutdown: CancellationToken,
+) {
+    // Bounded by the worker's life: it ends with the shutdown token, or is aborted.
+    loop {
+        let lease = *lease_rx.borrow_and_update();
+        if let Some(ms) = lease.stop_at.filter(|ms| inner.now_ms() < *ms) {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = lease_rx.changed() => {}
+                _ = tokio::time::sleep_until(inner.at(ms)) => {}
+            }
+            continue;
+        }
+        let handles: Vec<Handle> = inner
+            .view()
+            .values()
+            .filter_map(|held| held.handle.clone())
+            .filter(|handle| handle.stage().run_may_be_alive())
+            .collect();
+        for handle in handles {
+            tracing::info!(worker = %inner.id, task = handle.name(), "lease deadline: stopping the local run");
+            let (grace, wake) = (inner.grace, Arc::clone(&inner.wake));
+            tokio::spawn(async move {
+                // Escalates to abort after `grace` (the stop bound's first half).
+                let _ = handle.stop_within(grace).await;
+                wake.notify_one();
+            });
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = lease_rx.changed() => {}
+            _ = tokio::time::sleep(inner.resync) => {}
         }
     }
 }
