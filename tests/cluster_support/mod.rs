@@ -1,7 +1,7 @@
 //! Test harness for the etcd tests: a 3-member etcd on 127.0.0.1 with random free
-//! ports and temporary data directories, stopped by pid (SIGTERM, then SIGKILL) when
-//! its guard drops, also when a test fails or panics; and a probe unit that counts
-//! its live runs and writes fenced checkpoints.
+//! ports and temporary data directories (in /dev/shm when it exists), stopped by
+//! pid (SIGTERM, then SIGKILL) when its guard drops, also when a test fails or
+//! panics; and a probe unit that counts its live runs and writes fenced checkpoints.
 //!
 //! When no `etcd` binary is found (on `PATH`, or at `$ETCD_BIN`), a test is skipped
 //! with a line saying so, except under `CI=true`, where it fails.
@@ -112,8 +112,15 @@ impl EtcdCluster {
         let stamp = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos());
-        let dir =
-            std::env::temp_dir().join(format!("taskstage-etcd-{}-{stamp}", std::process::id()));
+        // The members' data is thrown away: in memory (where /dev/shm is), a write's
+        // fsync costs nothing, and the tests time the protocol rather than the disk.
+        let shm = Path::new("/dev/shm");
+        let base = if shm.is_dir() {
+            shm.to_path_buf()
+        } else {
+            std::env::temp_dir()
+        };
+        let dir = base.join(format!("taskstage-etcd-{}-{stamp}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("create the cluster's temporary directory");
         let ports: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
         let listen: Vec<String> = ports
