@@ -784,7 +784,7 @@ async fn drive(script: &mut Script) -> Result<Duration, ClusterRunError> {
     script.recorder.fault(Fault::Thaw, pid);
     signal_pid(pid, rustix::process::Signal::CONT);
     script.note(format!(
-        "thawed {next} (SIGCONT): its late batches meet the fence"
+        "thawed {next} (SIGCONT): a late batch of it would meet the fence"
     ));
 
     let (last, _) = script
