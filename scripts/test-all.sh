@@ -30,3 +30,7 @@ bash scripts/etcd-setup.sh
 cargo test --features etcd --lib cluster::
 cargo test --features etcd --doc cluster
 cargo test --features etcd --test cluster_prop --test cluster_model --test cluster_etcd -- --nocapture
+# Worker processes under SIGSTOP, kill -9, a cut to etcd, the etcd leader lost, two
+# controllers racing, 100 tasks: each scenario's merged history is checked; and the
+# migrate example's cluster mode (--workers 3) at small scale.
+cargo test --features etcd --test cluster_faults --test migrate_cluster -- --nocapture

@@ -470,3 +470,75 @@ async fn a_pause_that_cannot_be_answered_times_out_naming_the_task_owner_and_sta
     assert_eq!(stopped.stage, taskstage::Stage::Stopped);
     worker.shutdown().await.unwrap();
 }
+
+/// A unit that counts its live runs.
+struct Live(Arc<std::sync::atomic::AtomicUsize>);
+
+/// Takes one off the count when the run's future is dropped.
+struct LiveGuard(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for LiveGuard {
+    fn drop(&mut self) {
+        // SeqCst: a counter read by the test on the same thread.
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Unit for Live {
+    async fn run(&mut self, ctx: RunContext) -> Result<RunExit, RunError> {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let _alive = LiveGuard(Arc::clone(&self.0));
+        ctx.cancelled().await;
+        Ok(RunExit::Cancelled)
+    }
+}
+
+/// A store call that starts just before the lease deadline must not hold a run past
+/// it: the run is gone by the deadline plus the stop bound even while every call
+/// hangs (found by the fault suite: a worker cut off from etcd kept its run for a
+/// call deadline longer, and another worker started one).
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_hanging_store_cannot_hold_a_run_past_the_lease_deadline() {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    let store = MemoryCoordinator::new();
+    let live = Arc::new(AtomicUsize::new(0));
+    let count = Arc::clone(&live);
+    let stop_bound = Duration::from_millis(600);
+    let worker = Worker::builder(store.clone(), "hang", "w1")
+        .ttl(Duration::from_secs(2))
+        .stop_bound(stop_bound)
+        .resync(Duration::from_millis(200))
+        // Longer than the lease is trusted for: a call that hangs covers the deadline.
+        .op_timeout(Duration::from_secs(5))
+        .join(move |spec| Ok(Task::builder(spec.task.as_str()).unit(Live(Arc::clone(&count)))))
+        .await
+        .expect("join");
+    let controller = Controller::new(store.clone(), "hang").expect("a controller");
+    controller
+        .create("t", Vec::new(), DesiredStage::Running)
+        .await
+        .expect("create");
+    controller
+        .resume_within("t", Duration::from_secs(10))
+        .await
+        .expect("running");
+    assert_eq!(live.load(SeqCst), 1);
+
+    store.set_hanging(true);
+    // A keep-alive already past the store's door may still be answered.
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    let deadline = worker.stop_deadline().expect("a lease deadline");
+    let bound = deadline + stop_bound;
+    // Bounded by `bound` on the paused clock, polling every 10 ms.
+    while live.load(SeqCst) > 0 {
+        assert!(
+            tokio::time::Instant::now() <= bound,
+            "the run outlived its lease deadline plus the stop bound while the store hung"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    store.set_hanging(false);
+    worker.crash().await;
+}

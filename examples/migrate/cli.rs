@@ -186,7 +186,7 @@ fn path_value(flag: &'static str, value: Option<OsString>) -> Result<PathBuf, Cl
     }
 }
 
-fn number(
+pub(crate) fn number(
     flag: &'static str,
     value: Option<OsString>,
     min: u64,

@@ -1294,3 +1294,84 @@ pub(crate) fn checkpoints(target: &Db) -> Result<Vec<(String, Checkpoint)>, DbEr
         })
         .collect()
 }
+
+// ------------------------------------------------------------------ fencing
+
+/// The message of a write refused by [`fence_writes`].
+#[allow(
+    dead_code,
+    reason = "the cluster mode's (feature etcd); other includers of this file do not fence"
+)]
+const FENCED: &str = "fenced: a newer owner has written";
+
+/// Fences every checkpoint write made through `target` with `token` (the cluster
+/// mode's fence token): the target keeps the highest token that wrote, in the same
+/// transaction as the batch's rows (every batch that writes rows writes its
+/// checkpoint), and a batch with a lower token fails and leaves nothing behind.
+///
+/// The check is a temporary trigger of this connection only, so connections made
+/// without a token (the single-process program) are not affected.
+///
+/// # Errors
+///
+/// A [`DbError`] naming the target.
+#[allow(
+    dead_code,
+    reason = "the cluster mode's (feature etcd); other includers of this file do not fence"
+)]
+pub(crate) fn fence_writes(target: &Db, token: i64) -> Result<(), DbError> {
+    target
+        .conn
+        .execute_batch(&format!(
+            "CREATE TABLE IF NOT EXISTS _migration_fence (
+                 id INTEGER PRIMARY KEY CHECK (id = 1), token INTEGER NOT NULL);
+             INSERT OR IGNORE INTO _migration_fence (id, token) VALUES (1, 0);
+             DROP TRIGGER IF EXISTS temp._migration_fence_check;
+             CREATE TEMP TRIGGER _migration_fence_check
+             BEFORE UPDATE ON main._migration_checkpoint
+             BEGIN
+                 SELECT RAISE(ABORT, '{FENCED}')
+                 FROM main._migration_fence WHERE token > {token};
+                 UPDATE main._migration_fence SET token = {token} WHERE token < {token};
+             END;"
+        ))
+        .map_err(target.err())
+}
+
+/// Whether `error` is a write refused by [`fence_writes`].
+#[allow(
+    dead_code,
+    reason = "the cluster mode's (feature etcd); other includers of this file do not fence"
+)]
+pub(crate) fn is_fenced(error: &DbError) -> bool {
+    matches!(error, DbError::Sqlite { source, .. } if source.to_string().contains(FENCED))
+}
+
+/// Whether `error` is the target being locked by another writer (worth a retry).
+#[allow(
+    dead_code,
+    reason = "the cluster mode's (feature etcd); other includers of this file do not fence"
+)]
+pub(crate) fn is_locked(error: &DbError) -> bool {
+    matches!(error, DbError::Locked { .. })
+}
+
+/// The highest token that wrote to the target (0 before any fenced write).
+///
+/// # Errors
+///
+/// A [`DbError`] naming the target.
+#[allow(
+    dead_code,
+    reason = "the cluster mode's (feature etcd); other includers of this file do not fence"
+)]
+pub(crate) fn fence_token(target: &Db) -> Result<i64, DbError> {
+    target
+        .conn
+        .query_row("SELECT token FROM _migration_fence WHERE id = 1", [], |r| {
+            r.get(0)
+        })
+        .optional()
+        .map(Option::unwrap_or_default)
+        .map_err(target.err())
+}

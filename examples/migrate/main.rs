@@ -6,8 +6,12 @@
 //! the task at random moments. At the end it proves that the target equals the source
 //! and that no two runs were ever live at once: the harm of the original race (two
 //! live copies writing the same target) never happened. See `docs/migrate.md`.
+//!
+//! With `--workers N` (feature `etcd`) the same migration runs on a cluster of worker
+//! processes under faults: see `cluster.rs`.
 
 mod cli;
+mod cluster;
 mod controller;
 mod db;
 mod live;
@@ -30,7 +34,11 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
 
-    let options = match cli::parse(std::env::args_os().skip(1), fastrand::u64(..)) {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    if cluster::wanted(&args) {
+        return cluster::main(args);
+    }
+    let options = match cli::parse(args, fastrand::u64(..)) {
         Ok(Invocation::Help) => {
             print!("{}", cli::USAGE);
             return ExitCode::SUCCESS;

@@ -19,8 +19,9 @@ use super::error::ClusterError;
 /// once before it takes effect, as a round trip would, so that other tasks can act
 /// between a read and the write decided from it; the effect and the answer then
 /// come together. It serves the property tests of the
-/// worker, and users' own tests; faults can be injected: an unreachable store,
-/// keep-alives that fail, a lease that expires early.
+/// worker, and users' own tests; faults can be injected: an unreachable store, a
+/// store that answers nothing (every call hangs), keep-alives that fail, a lease that
+/// expires early.
 ///
 /// # Examples
 ///
@@ -45,6 +46,8 @@ pub struct MemoryCoordinator {
 struct Shared {
     state: Mutex<State>,
     revision: watch::Sender<i64>,
+    /// While true, every call waits (a store that answers nothing).
+    hanging: watch::Sender<bool>,
 }
 
 #[derive(Debug, Default)]
@@ -81,6 +84,7 @@ impl MemoryCoordinator {
             inner: std::sync::Arc::new(Shared {
                 state: Mutex::new(state),
                 revision: watch::channel(1).0,
+                hanging: watch::channel(false).0,
             }),
         }
     }
@@ -97,6 +101,22 @@ impl MemoryCoordinator {
     /// Makes every operation fail with [`ClusterError::Unreachable`] (or work again).
     pub fn set_unreachable(&self, unreachable: bool) {
         self.lock().unreachable = unreachable;
+    }
+
+    /// Makes every call wait, without an answer, until this is called with `false`
+    /// (a store that hangs, as a partition does): only the callers' own deadlines
+    /// end their calls. Leases still expire on the store's clock.
+    pub fn set_hanging(&self, hanging: bool) {
+        self.inner.hanging.send_replace(hanging);
+    }
+
+    /// Where every call arrives: one yield (a round trip lets others act), then a
+    /// wait while the store hangs.
+    async fn arrive(&self) {
+        tokio::task::yield_now().await;
+        let mut hanging = self.inner.hanging.subscribe();
+        // Ends when the store stops hanging; the sender lives as long as `self`.
+        let _ = hanging.wait_for(|h| !*h).await;
     }
 
     /// Makes keep-alives of `lease` fail with [`ClusterError::Unreachable`] (or work
@@ -212,7 +232,7 @@ impl Coordinator for MemoryCoordinator {
     fn grant(&self, ttl: Duration) -> BoxFuture<'_, Result<Grant, ClusterError>> {
         Box::pin(async move {
             // Like a round trip: other tasks run between the call and its effect.
-            tokio::task::yield_now().await;
+            self.arrive().await;
             self.with("grant", |state| {
                 let id = state.next_lease;
                 state.next_lease += 1;
@@ -233,7 +253,7 @@ impl Coordinator for MemoryCoordinator {
 
     fn keep_alive(&self, lease: i64) -> BoxFuture<'_, Result<KeepAlive, ClusterError>> {
         Box::pin(async move {
-            tokio::task::yield_now().await;
+            self.arrive().await;
             self.with("keep-alive", |state| {
                 if state.failing_keep_alives.contains(&lease) {
                     return Err(ClusterError::Unreachable {
@@ -254,7 +274,7 @@ impl Coordinator for MemoryCoordinator {
 
     fn revoke(&self, lease: i64) -> BoxFuture<'_, Result<(), ClusterError>> {
         Box::pin(async move {
-            tokio::task::yield_now().await;
+            self.arrive().await;
             self.with("revoke", |state| {
                 state.drop_lease(lease);
                 Ok(())
@@ -264,7 +284,7 @@ impl Coordinator for MemoryCoordinator {
 
     fn list(&self, prefix: String) -> BoxFuture<'_, Result<Listing, ClusterError>> {
         Box::pin(async move {
-            tokio::task::yield_now().await;
+            self.arrive().await;
             self.with("list", |state| {
                 Ok(Listing {
                     revision: state.revision,
@@ -281,7 +301,7 @@ impl Coordinator for MemoryCoordinator {
 
     fn txn(&self, txn: Txn) -> BoxFuture<'_, Result<TxnResult, ClusterError>> {
         Box::pin(async move {
-            tokio::task::yield_now().await;
+            self.arrive().await;
             self.with("txn", |state| {
                 if !txn.when.iter().all(|c| state.holds(c)) {
                     return Ok(TxnResult {

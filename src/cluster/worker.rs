@@ -58,6 +58,7 @@ pub struct WorkerBuilder {
     capacity: usize,
     resync: Duration,
     op_timeout: Duration,
+    unfenced: bool,
 }
 
 impl std::fmt::Debug for WorkerBuilder {
@@ -111,6 +112,17 @@ impl WorkerBuilder {
     /// The deadline of each store call (default 1 s).
     pub fn op_timeout(mut self, timeout: Duration) -> Self {
         self.op_timeout = timeout;
+        self
+    }
+
+    /// **Breaks the crate's promise; for tests of the checks only.** The worker
+    /// skips self-fencing (it ignores its lease deadline, a lost lease and a key
+    /// taken by another worker) and fencing (its writes carry no compare). The
+    /// fault tests use it to show that their history checker catches what the
+    /// fences prevent.
+    #[doc(hidden)]
+    pub fn unfenced_for_tests(mut self, unfenced: bool) -> Self {
+        self.unfenced = unfenced;
         self
     }
 
@@ -217,16 +229,25 @@ impl WorkerBuilder {
             resync: self.resync,
             op_timeout,
             grace: self.stop_bound / 2,
+            unfenced: self.unfenced,
             factory: Box::new(factory),
             wake: Arc::new(Notify::new()),
             view: Mutex::new(BTreeMap::new()),
             lease_state: lease_tx,
         });
         let session = tokio::spawn(Session::run(Arc::clone(&inner), timing, shutdown.clone()));
+        let guard = (!inner.unfenced).then(|| {
+            tokio::spawn(guard(
+                Arc::clone(&inner),
+                lease_rx.clone(),
+                shutdown.clone(),
+            ))
+        });
         let reconcile = tokio::spawn(reconcile(Arc::clone(&inner), lease_rx, shutdown.clone()));
         tracing::info!(worker = %id, lease = grant.id, ?ttl, "joined");
         Ok(Worker {
             inner,
+            guard,
             session: Some(session),
             reconcile: Some(reconcile),
             shutdown,
@@ -261,6 +282,8 @@ struct Inner {
     resync: Duration,
     op_timeout: Duration,
     grace: Duration,
+    /// Test-only: no self-fencing, no fencing ([`WorkerBuilder::unfenced_for_tests`]).
+    unfenced: bool,
     factory: Box<Factory>,
     wake: Arc<Notify>,
     /// What the worker holds, for [`Worker::tasks`]; written by the reconcile loop
@@ -285,6 +308,18 @@ impl Inner {
 
     fn at(&self, ms: u64) -> Instant {
         self.epoch + Duration::from_millis(ms)
+    }
+
+    /// A fencer for `token`, the only way the worker makes one.
+    fn fencer(&self, token: FenceToken) -> Fencer {
+        Fencer::new(
+            Arc::clone(&self.coord),
+            self.keys.clone(),
+            token,
+            Arc::clone(&self.wake),
+            self.op_timeout,
+            self.unfenced,
+        )
     }
 
     fn view(&self) -> MutexGuard<'_, BTreeMap<TaskId, Held>> {
@@ -348,6 +383,7 @@ impl Session {
 /// [`Worker::shutdown`] for a clean exit that lets others take over at once.
 pub struct Worker {
     inner: Arc<Inner>,
+    guard: Option<JoinHandle<()>>,
     session: Option<JoinHandle<()>>,
     reconcile: Option<JoinHandle<Result<(), ClusterError>>>,
     shutdown: CancellationToken,
@@ -380,6 +416,7 @@ impl Worker {
             capacity: 16,
             resync: Duration::from_millis(500),
             op_timeout: Duration::from_secs(1),
+            unfenced: false,
         }
     }
 
@@ -448,6 +485,9 @@ impl Worker {
         if let Some(session) = self.session.take() {
             let _ = session.await;
         }
+        if let Some(guard) = self.guard.take() {
+            let _ = guard.await;
+        }
         let revoked = within(
             self.inner.op_timeout,
             "lease revoke",
@@ -486,6 +526,10 @@ impl Worker {
     /// at once; the lease is *not* revoked, so the store expires it after its TTL.
     /// For tests and drills.
     pub async fn crash(mut self) {
+        if let Some(task) = self.guard.take() {
+            task.abort();
+            let _ = task.await;
+        }
         if let Some(task) = self.reconcile.take() {
             task.abort();
             let _ = task.await;
@@ -511,6 +555,9 @@ impl Worker {
 
 impl Drop for Worker {
     fn drop(&mut self) {
+        if let Some(task) = self.guard.take() {
+            task.abort();
+        }
         if let Some(task) = self.reconcile.take() {
             task.abort();
         }
@@ -604,7 +651,15 @@ async fn reconcile(
             wind_down(&inner, &mut slots).await;
             return Ok(());
         }
-        let lease = *lease_rx.borrow_and_update();
+        let lease = if inner.unfenced {
+            // Test-only: a lease that never ends, whatever the store says.
+            let _ = lease_rx.borrow_and_update();
+            LeaseState {
+                stop_at: Some(u64::MAX),
+            }
+        } else {
+            *lease_rx.borrow_and_update()
+        };
         let listing = within(
             inner.op_timeout,
             "list tasks",
@@ -635,6 +690,8 @@ async fn reconcile(
                 lease,
             )
             .await;
+            // At once, not after the pass: the guard stops what this view holds.
+            publish_view(&inner, &slots);
         }
         publish_view(&inner, &slots);
         if lease.stop_at.is_none() && slots.values().all(|s| s.task.is_none()) {
@@ -645,6 +702,7 @@ async fn reconcile(
         }
         let deadline = lease
             .stop_at
+            .filter(|_| !inner.unfenced)
             .map(|ms| inner.at(ms))
             .filter(|at| *at > Instant::now());
         tokio::select! {
@@ -658,6 +716,55 @@ async fn reconcile(
                     None => std::future::pending().await,
                 }
             } => {}
+        }
+    }
+}
+
+/// The lease deadline's own enforcer, beside the reconcile loop.
+///
+/// The reconcile loop decides the fence at the deadline (decide, invariant 2), but
+/// only once it gets there: a store call that started just before the deadline can
+/// hold it for a whole call deadline past it (the fault tests caught a worker cut off
+/// from etcd still running its task when another worker had started it). This task
+/// waits for nothing but the clock and the lease state: from `stop_at` on, it stops
+/// every local run that may be alive (escalating to abort after the grace), again
+/// every resync until the lease is extended or the worker ends. The handles come
+/// from the view the reconcile loop publishes after each step.
+async fn guard(
+    inner: Arc<Inner>,
+    mut lease_rx: watch::Receiver<LeaseState>,
+    shutdown: CancellationToken,
+) {
+    // Bounded by the worker's life: it ends with the shutdown token, or is aborted.
+    loop {
+        let lease = *lease_rx.borrow_and_update();
+        if let Some(ms) = lease.stop_at.filter(|ms| inner.now_ms() < *ms) {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = lease_rx.changed() => {}
+                _ = tokio::time::sleep_until(inner.at(ms)) => {}
+            }
+            continue;
+        }
+        let handles: Vec<Handle> = inner
+            .view()
+            .values()
+            .filter_map(|held| held.handle.clone())
+            .filter(|handle| handle.stage().run_may_be_alive())
+            .collect();
+        for handle in handles {
+            tracing::info!(worker = %inner.id, task = handle.name(), "lease deadline: stopping the local run");
+            let (grace, wake) = (inner.grace, Arc::clone(&inner.wake));
+            tokio::spawn(async move {
+                // Escalates to abort after `grace` (the stop bound's first half).
+                let _ = handle.stop_within(grace).await;
+                wake.notify_one();
+            });
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = lease_rx.changed() => {}
+            _ = tokio::time::sleep(inner.resync) => {}
         }
     }
 }
@@ -694,6 +801,8 @@ async fn step(
         .and_then(parse_desired);
     // Ownership from the listing; without a listing, what this worker knew.
     let ownership = match (read_ok, record.and_then(|r| r.owner.as_ref())) {
+        // Test-only: a task once held stays "mine", whoever holds the key now.
+        _ if inner.unfenced && slot_rev.is_some() => Ownership::Mine,
         (true, None) => Ownership::Unowned,
         (true, Some(kv)) if kv.value == inner.owner_value.as_bytes() => match slot_rev {
             Some(rev) if rev != kv.create_revision => Ownership::Other,
@@ -787,13 +896,7 @@ async fn step(
                     if let Some((_, rev)) = desired {
                         unbuildable.insert(task.clone(), rev);
                     }
-                    let fencer = Fencer::new(
-                        Arc::clone(&inner.coord),
-                        inner.keys.clone(),
-                        token,
-                        Arc::clone(&inner.wake),
-                        inner.op_timeout,
-                    );
+                    let fencer = inner.fencer(token);
                     let _ = fencer
                         .fenced(vec![Op::Delete {
                             key: inner.keys.owner(task),
@@ -923,13 +1026,7 @@ fn build(
         task: task.clone(),
         reason: "the task has no spec".into(),
     })?;
-    let fencer = Fencer::new(
-        Arc::clone(&inner.coord),
-        inner.keys.clone(),
-        token,
-        Arc::clone(&inner.wake),
-        inner.op_timeout,
-    );
+    let fencer = inner.fencer(token);
     let request = TaskSpec {
         task: task.clone(),
         spec,
@@ -999,13 +1096,7 @@ async fn wind_down(inner: &Arc<Inner>, slots: &mut BTreeMap<TaskId, Slot>) {
         if stage.is_some_and(Stage::run_may_be_alive) {
             continue;
         }
-        let fencer = Fencer::new(
-            Arc::clone(&inner.coord),
-            inner.keys.clone(),
-            slot.token,
-            Arc::clone(&inner.wake),
-            inner.op_timeout,
-        );
+        let fencer = inner.fencer(slot.token);
         let _ = fencer
             .fenced(vec![
                 Op::Delete {

@@ -1,18 +1,21 @@
 //! Test harness for the etcd tests: a 3-member etcd on 127.0.0.1 with random free
-//! ports and temporary data directories, stopped by pid (SIGTERM, then SIGKILL) when
-//! its guard drops, also when a test fails or panics; and a probe unit that counts
-//! its live runs and writes fenced checkpoints.
+//! ports and temporary data directories (in /dev/shm when it exists), stopped by
+//! pid (SIGTERM, then SIGKILL) when its guard drops, also when a test fails or
+//! panics; and a probe unit that counts its live runs and writes fenced checkpoints.
 //!
 //! When no `etcd` binary is found (on `PATH`, or at `$ETCD_BIN`), a test is skipped
 //! with a line saying so, except under `CI=true`, where it fails.
 
 #![allow(dead_code)] // each test file uses a part of it
 
+pub(crate) mod history;
+pub(crate) mod proxy;
+
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -26,6 +29,9 @@ static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 /// A running etcd cluster; dropping it stops every member by pid.
 pub(crate) struct EtcdCluster {
     members: Vec<Member>,
+    /// In front of the members' peer ports, when started with
+    /// [`EtcdCluster::start_partitionable`].
+    peers: Option<proxy::Proxy>,
     dir: PathBuf,
     _turn: MutexGuard<'static, ()>,
 }
@@ -81,6 +87,17 @@ impl EtcdCluster {
     /// If the binary is missing under `CI=true`, or the cluster is not healthy
     /// within 20 s (the members are stopped first, and their logs printed).
     pub(crate) fn start_or_skip(n: usize) -> Option<EtcdCluster> {
+        EtcdCluster::start(n, false)
+    }
+
+    /// As [`EtcdCluster::start_or_skip`], with the members' peer traffic through a
+    /// proxy, so that [`EtcdCluster::isolate_member`] can partition one member
+    /// from the others.
+    pub(crate) fn start_partitionable(n: usize) -> Option<EtcdCluster> {
+        EtcdCluster::start(n, true)
+    }
+
+    fn start(n: usize, partitionable: bool) -> Option<EtcdCluster> {
         let Some(binary) = etcd_binary() else {
             let ci = std::env::var("CI").is_ok_and(|v| v == "true");
             assert!(
@@ -95,17 +112,33 @@ impl EtcdCluster {
         let stamp = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos());
-        let dir =
-            std::env::temp_dir().join(format!("taskstage-etcd-{}-{stamp}", std::process::id()));
+        // The members' data is thrown away: in memory (where /dev/shm is), a write's
+        // fsync costs nothing, and the tests time the protocol rather than the disk.
+        let shm = Path::new("/dev/shm");
+        let base = if shm.is_dir() {
+            shm.to_path_buf()
+        } else {
+            std::env::temp_dir()
+        };
+        let dir = base.join(format!("taskstage-etcd-{}-{stamp}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("create the cluster's temporary directory");
         let ports: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
-        let initial: Vec<String> = ports
+        let listen: Vec<String> = ports
+            .iter()
+            .map(|(_, peer)| format!("http://127.0.0.1:{peer}"))
+            .collect();
+        let peers = partitionable.then(|| proxy::Proxy::start(&listen));
+        let advertised = peers
+            .as_ref()
+            .map_or_else(|| listen.clone(), proxy::Proxy::endpoints);
+        let initial: Vec<String> = advertised
             .iter()
             .enumerate()
-            .map(|(i, (_, peer))| format!("m{i}=http://127.0.0.1:{peer}"))
+            .map(|(i, url)| format!("m{i}={url}"))
             .collect();
         let mut cluster = EtcdCluster {
             members: Vec::new(),
+            peers,
             dir: dir.clone(),
             _turn: turn,
         };
@@ -127,10 +160,7 @@ impl EtcdCluster {
                     &format!("http://127.0.0.1:{client}"),
                 ])
                 .args(["--listen-peer-urls", &format!("http://127.0.0.1:{peer}")])
-                .args([
-                    "--initial-advertise-peer-urls",
-                    &format!("http://127.0.0.1:{peer}"),
-                ])
+                .args(["--initial-advertise-peer-urls", &advertised[i]])
                 .args(["--initial-cluster", &initial.join(",")])
                 .args(["--initial-cluster-token", &format!("taskstage-{stamp}")])
                 .args(["--initial-cluster-state", "new"])
@@ -186,6 +216,65 @@ impl EtcdCluster {
         if let Some(child) = &self.members[i].child {
             signal(child, "-STOP");
         }
+    }
+
+    /// Thaws member `i` after [`EtcdCluster::freeze_member`] (SIGCONT).
+    pub(crate) fn thaw_member(&mut self, i: usize) {
+        if let Some(child) = &self.members[i].child {
+            signal(child, "-CONT");
+        }
+    }
+
+    /// Partitions member `i` from the others (both ways), keeping its client port
+    /// open: a member in a minority of one. Only for a cluster started with
+    /// [`EtcdCluster::start_partitionable`].
+    ///
+    /// # Panics
+    ///
+    /// If the cluster was not started so, or the member's id cannot be read.
+    pub(crate) fn isolate_member(&mut self, i: usize) {
+        let id = self.member_id(i).expect("the member's id");
+        let peers = self.peers.as_ref().expect("a partitionable cluster");
+        peers.isolate(i, &format!("{id:x}"));
+    }
+
+    /// Ends a partition made by [`EtcdCluster::isolate_member`].
+    pub(crate) fn heal_members(&mut self) {
+        if let Some(peers) = &self.peers {
+            peers.heal();
+        }
+    }
+
+    /// Member `i`'s raft id, as it says through etcd's JSON gateway.
+    fn member_id(&self, i: usize) -> Option<u64> {
+        let port = self.members[i]
+            .client_url
+            .rsplit(':')
+            .next()?
+            .parse()
+            .ok()?;
+        let body = post(port, "/v3/maintenance/status", "{}")?;
+        json_field(&body, "member_id")?.parse().ok()
+    }
+
+    /// The index of the member that is the raft leader, as the first member that
+    /// answers says (through etcd's JSON gateway, `/v3/maintenance/status`).
+    pub(crate) fn leader(&self) -> Option<usize> {
+        let mut ids = Vec::new();
+        let mut leader = None;
+        for member in &self.members {
+            let port = member.client_url.rsplit(':').next()?.parse().ok()?;
+            let body = member
+                .child
+                .as_ref()
+                .and_then(|_| post(port, "/v3/maintenance/status", "{}"));
+            let field = |name: &str| body.as_deref().and_then(|b| json_field(b, name));
+            ids.push(field("member_id"));
+            leader = leader.or_else(|| field("leader"));
+        }
+        let leader = leader?;
+        ids.iter()
+            .position(|id| id.as_deref() == Some(leader.as_str()))
     }
 
     /// The index of the member with this client URL.
@@ -258,6 +347,82 @@ fn signal(child: &Child, which: &str) {
 
 fn remove_dir(dir: &Path) {
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The string value of field `name` in a JSON text (etcd's gateway writes its
+/// 64-bit numbers as strings).
+fn json_field(body: &str, name: &str) -> Option<String> {
+    let start = body.find(&format!("\"{name}\":\""))? + name.len() + 4;
+    let len = body[start..].find('"')?;
+    Some(body[start..start + len].to_owned())
+}
+
+/// POSTs `body` to `path` on 127.0.0.1:`port` and returns the response, if any
+/// came within 500 ms.
+fn post(port: u16, path: &str, body: &str) -> Option<String> {
+    let mut stream =
+        TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(200))
+            .ok()?;
+    stream
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .ok()?;
+    let request = format!(
+        "POST {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).ok()?;
+    let mut response = String::new();
+    let _ = stream.read_to_string(&mut response);
+    (!response.is_empty()).then_some(response)
+}
+
+/// A child process that is killed by pid (thawed first) when dropped, also when a
+/// test fails. It holds the child's stdin open: a child that calls
+/// [`exit_when_stdin_closes`] goes away with its parent, however the parent ends.
+pub(crate) struct ChildGuard {
+    child: Child,
+    _stdin: Option<ChildStdin>,
+}
+
+impl ChildGuard {
+    /// Guards `child` (started with a piped stdin).
+    pub(crate) fn new(mut child: Child) -> ChildGuard {
+        let stdin = child.stdin.take();
+        ChildGuard {
+            child,
+            _stdin: stdin,
+        }
+    }
+
+    /// The child's pid.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        signal_pid(self.child.id(), rustix::process::Signal::CONT);
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Sends `sig` to process `pid` (one this program started).
+pub(crate) fn signal_pid(pid: u32, sig: rustix::process::Signal) {
+    if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
+        let _ = rustix::process::kill_process(pid, sig);
+    }
+}
+
+/// In a child process: exits as soon as stdin (a pipe from the parent) closes.
+pub(crate) fn exit_when_stdin_closes() {
+    std::thread::spawn(|| {
+        let mut byte = [0u8; 1];
+        while let Ok(1) = std::io::stdin().read(&mut byte) {}
+        std::process::exit(0);
+    });
 }
 
 /// A free port on 127.0.0.1 where nothing listens.

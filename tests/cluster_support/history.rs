@@ -1,0 +1,771 @@
+//! A history of a cluster run, and a checker over it.
+//!
+//! Every process of a test (each worker process, and the test itself) appends to
+//! its own line file in the test's directory: when a run became alive and when its
+//! future was dropped, every fenced write and whether it was accepted, the faults
+//! injected, the stages a controller observed and each task's final state. Times
+//! are `CLOCK_MONOTONIC` in nanoseconds, which every process of one machine shares,
+//! so the files merge into one history. A line is written with one `write` call on
+//! a file opened for appending: a process killed with SIGKILL loses nothing it
+//! wrote before.
+//!
+//! [`History::check`] fails on:
+//!
+//! 1. two runs of one task alive at once;
+//! 2. an accepted fenced write whose token is lower than that of a write of the
+//!    same task accepted before it was sent;
+//! 3. a task that ends owned by nobody while desired Running;
+//! 4. an observed rest stage (New, Paused, Stopped, Finished) read while a run of
+//!    the task was alive for the whole read.
+//!
+//! One allowance, the documented limit of the design: a run on a process frozen
+//! (SIGSTOP) past its lease counts as ended at the freeze if its future is dropped
+//! within `allowance` of the thaw (the worker fences itself as soon as it runs
+//! again). Such runs are counted in [`Verdict::frozen`]; their fenced writes are
+//! still checked by rule 2. A run that keeps going after the thaw counts in full.
+
+#![allow(dead_code)] // each includer uses a part of it
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+/// Now on `CLOCK_MONOTONIC`, in nanoseconds: comparable across the processes of one
+/// machine.
+pub(crate) fn now_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    (t.tv_sec as u64) * 1_000_000_000 + t.tv_nsec as u64
+}
+
+/// The outcome of a fenced write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WriteOutcome {
+    /// The store applied it.
+    Accepted,
+    /// The fence rejected it (the token no longer owned the task).
+    Rejected,
+    /// No answer: it may or may not have been applied.
+    Unknown,
+}
+
+impl WriteOutcome {
+    fn name(self) -> &'static str {
+        match self {
+            WriteOutcome::Accepted => "accepted",
+            WriteOutcome::Rejected => "rejected",
+            WriteOutcome::Unknown => "unknown",
+        }
+    }
+}
+
+/// A fault the test injected into a process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fault {
+    /// SIGSTOP.
+    Freeze,
+    /// SIGCONT after a freeze.
+    Thaw,
+    /// SIGKILL, recorded once the process was reaped: none of its runs is alive.
+    Killed,
+}
+
+impl Fault {
+    fn name(self) -> &'static str {
+        match self {
+            Fault::Freeze => "freeze",
+            Fault::Thaw => "thaw",
+            Fault::Killed => "killed",
+        }
+    }
+}
+
+/// Appends one process's history to its own file.
+#[derive(Debug)]
+pub(crate) struct Recorder {
+    file: Mutex<File>,
+    pid: u32,
+}
+
+/// Run ids are `{pid}.{n}`, `n` counting the runs of this process.
+static NEXT_RUN: AtomicU64 = AtomicU64::new(1);
+
+impl Recorder {
+    /// Creates `{dir}/{name}.history` for appending.
+    pub(crate) fn create(dir: &Path, name: &str) -> std::io::Result<Arc<Recorder>> {
+        std::fs::create_dir_all(dir)?;
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join(format!("{name}.history")))?;
+        Ok(Arc::new(Recorder {
+            file: Mutex::new(file),
+            pid: std::process::id(),
+        }))
+    }
+
+    fn line(&self, line: String) {
+        // One write of a whole line; the lock only orders this process's lines and
+        // is never held across an await.
+        let mut file = self.file.lock().unwrap_or_else(PoisonError::into_inner);
+        let _ = file.write_all(format!("{line}\n").as_bytes());
+    }
+
+    /// Records that a run of `task` became alive; the guard records its drop.
+    pub(crate) fn alive(
+        self: &Arc<Self>,
+        task: &str,
+        worker: &str,
+        generation: u64,
+        token: i64,
+    ) -> RunGuard {
+        // Relaxed: a counter for unique run ids within this process.
+        let seq = NEXT_RUN.fetch_add(1, Ordering::Relaxed);
+        let run = format!("{}.{seq}", self.pid);
+        self.line(format!(
+            "alive {} {run} {task} {worker} {generation} {token}",
+            now_ns()
+        ));
+        RunGuard {
+            recorder: Arc::clone(self),
+            run,
+        }
+    }
+
+    /// Records a fenced write of `task` with `token`, sent at `sent`, answered now.
+    pub(crate) fn write(
+        &self,
+        task: &str,
+        worker: &str,
+        token: i64,
+        sent: u64,
+        outcome: WriteOutcome,
+    ) {
+        self.line(format!(
+            "write {sent} {} {task} {worker} {token} {}",
+            now_ns(),
+            outcome.name()
+        ));
+    }
+
+    /// Records a fault injected into process `pid`, now.
+    pub(crate) fn fault(&self, fault: Fault, pid: u32) {
+        self.line(format!("{} {} {pid}", fault.name(), now_ns()));
+    }
+
+    /// Records that a read sent at `sent` and answered now saw `task` in `stage`
+    /// (as answered by its current owner).
+    pub(crate) fn observe(&self, task: &str, stage: taskstage::Stage, sent: u64) {
+        self.line(format!("observe {sent} {} {task} {stage:?}", now_ns()));
+    }
+
+    /// Records a task's final desired stage and owner.
+    pub(crate) fn end(&self, task: &str, desired: &str, owner: Option<&str>) {
+        self.line(format!("final {task} {desired} {}", owner.unwrap_or("-")));
+    }
+}
+
+/// Records a run's drop when dropped with the run's future.
+#[derive(Debug)]
+pub(crate) struct RunGuard {
+    recorder: Arc<Recorder>,
+    run: String,
+}
+
+impl Drop for RunGuard {
+    fn drop(&mut self) {
+        self.recorder
+            .line(format!("drop {} {}", now_ns(), self.run));
+    }
+}
+
+/// A history line that could not be read.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum HistoryError {
+    /// A file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A line is not one of the forms [`Recorder`] writes.
+    #[error("{path}:{line}: not a history line: {text:?}")]
+    Line {
+        /// The file.
+        path: PathBuf,
+        /// The line number (from 1).
+        line: usize,
+        /// The text.
+        text: String,
+    },
+}
+
+#[derive(Debug, Clone)]
+struct Run {
+    id: String,
+    pid: u32,
+    task: String,
+    worker: String,
+    token: i64,
+    start: u64,
+    drop: Option<u64>,
+}
+
+#[derive(Debug, Clone)]
+struct FencedWrite {
+    sent: u64,
+    acked: u64,
+    task: String,
+    worker: String,
+    token: i64,
+    outcome: WriteOutcome,
+}
+
+#[derive(Debug, Clone)]
+struct Observation {
+    sent: u64,
+    received: u64,
+    task: String,
+    stage: String,
+}
+
+/// The merged history of every process of a run.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct History {
+    runs: BTreeMap<String, Run>,
+    writes: Vec<FencedWrite>,
+    faults: Vec<(Fault, u64, u32)>,
+    observations: Vec<Observation>,
+    finals: Vec<(String, String, Option<String>)>,
+}
+
+/// A broken rule, with what broke it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Violation {
+    /// Rule 1: two runs of one task alive at once.
+    Overlap {
+        /// The task.
+        task: String,
+        /// The runs (`pid.seq@worker`).
+        runs: (String, String),
+    },
+    /// Rule 2: an accepted write with a token lower than one accepted before.
+    StaleAccepted {
+        /// The task.
+        task: String,
+        /// The stale write's worker and token.
+        stale: (String, i64),
+        /// The higher token accepted before it was sent.
+        newer: i64,
+    },
+    /// Rule 3: desired Running at the end, owned by nobody.
+    Orphaned {
+        /// The task.
+        task: String,
+    },
+    /// Rule 4: a rest stage observed while a run was alive.
+    FalseRest {
+        /// The task.
+        task: String,
+        /// The stage read.
+        stage: String,
+        /// The run alive for the whole read.
+        run: String,
+    },
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Violation::Overlap { task, runs } => {
+                write!(
+                    f,
+                    "two runs of {task} alive at once: {} and {}",
+                    runs.0, runs.1
+                )
+            }
+            Violation::StaleAccepted { task, stale, newer } => write!(
+                f,
+                "a write of {task} by {} with token {} was accepted after token {newer}",
+                stale.0, stale.1
+            ),
+            Violation::Orphaned { task } => {
+                write!(f, "{task} ends desired Running and owned by nobody")
+            }
+            Violation::FalseRest { task, stage, run } => {
+                write!(f, "{task} was observed {stage} while run {run} was alive")
+            }
+        }
+    }
+}
+
+/// What the checker found.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Verdict {
+    /// Every broken rule.
+    pub violations: Vec<Violation>,
+    /// Runs recorded.
+    pub runs: usize,
+    /// The most runs of one task alive at one instant.
+    pub max_live: usize,
+    /// Fenced writes accepted.
+    pub accepted: usize,
+    /// Fenced writes the fence rejected (all of them stale: the token no longer
+    /// owned the task).
+    pub rejected: usize,
+    /// Runs on a frozen process counted as ended at the freeze (see the module docs).
+    pub frozen: usize,
+}
+
+impl Verdict {
+    /// Whether every rule held.
+    pub(crate) fn passed(&self) -> bool {
+        self.violations.is_empty()
+    }
+}
+
+impl fmt::Display for Verdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} runs, max live runs {}, {} writes accepted, {} stale writes rejected, \
+             {} runs of a frozen owner ended at the freeze, {} violations",
+            self.runs,
+            self.max_live,
+            self.accepted,
+            self.rejected,
+            self.frozen,
+            self.violations.len()
+        )?;
+        for v in self.violations.iter().take(10) {
+            write!(f, "\n  - {v}")?;
+        }
+        Ok(())
+    }
+}
+
+fn parse_outcome(s: &str) -> Option<WriteOutcome> {
+    match s {
+        "accepted" => Some(WriteOutcome::Accepted),
+        "rejected" => Some(WriteOutcome::Rejected),
+        "unknown" => Some(WriteOutcome::Unknown),
+        _ => None,
+    }
+}
+
+impl History {
+    /// Reads and merges every `*.history` file in `dir`.
+    pub(crate) fn load(dir: &Path) -> Result<History, HistoryError> {
+        let read = |path: &Path, source| HistoryError::Read {
+            path: path.to_owned(),
+            source,
+        };
+        let mut history = History::default();
+        let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
+            .map_err(|e| read(dir, e))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "history"))
+            .collect();
+        paths.sort();
+        for path in paths {
+            let text = std::fs::read_to_string(&path).map_err(|e| read(&path, e))?;
+            for (i, line) in text.lines().enumerate() {
+                // A process killed mid-line leaves at most its last line cut short:
+                // an empty or cut last line is not an error.
+                let cut = i + 1 == text.lines().count() && !text.ends_with('\n');
+                if line.is_empty() || history.add(line).is_some() || cut {
+                    continue;
+                }
+                {
+                    return Err(HistoryError::Line {
+                        path: path.clone(),
+                        line: i + 1,
+                        text: line.to_owned(),
+                    });
+                }
+            }
+        }
+        Ok(history)
+    }
+
+    /// A history from lines, as [`Recorder`] writes them (for the checker's tests).
+    pub(crate) fn from_lines(lines: &[&str]) -> Option<History> {
+        let mut history = History::default();
+        for line in lines {
+            history.add(line)?;
+        }
+        Some(history)
+    }
+
+    fn add(&mut self, line: &str) -> Option<()> {
+        let f: Vec<&str> = line.split(' ').collect();
+        let n = |i: usize| f.get(i).and_then(|s| s.parse::<u64>().ok());
+        match (f.first().copied()?, f.len()) {
+            ("alive", 7) => {
+                let id = f[2].to_owned();
+                let pid = id.split('.').next()?.parse().ok()?;
+                self.runs.insert(
+                    id.clone(),
+                    Run {
+                        id,
+                        pid,
+                        task: f[3].to_owned(),
+                        worker: f[4].to_owned(),
+                        token: f[6].parse().ok()?,
+                        start: n(1)?,
+                        drop: None,
+                    },
+                );
+            }
+            ("drop", 3) => self.runs.get_mut(f[2])?.drop = Some(n(1)?),
+            ("write", 7) => self.writes.push(FencedWrite {
+                sent: n(1)?,
+                acked: n(2)?,
+                task: f[3].to_owned(),
+                worker: f[4].to_owned(),
+                token: f[5].parse().ok()?,
+                outcome: parse_outcome(f[6])?,
+            }),
+            (kind @ ("freeze" | "thaw" | "killed"), 3) => {
+                let fault = match kind {
+                    "freeze" => Fault::Freeze,
+                    "thaw" => Fault::Thaw,
+                    _ => Fault::Killed,
+                };
+                self.faults.push((fault, n(1)?, f[2].parse().ok()?));
+            }
+            ("observe", 5) => self.observations.push(Observation {
+                sent: n(1)?,
+                received: n(2)?,
+                task: f[3].to_owned(),
+                stage: f[4].to_owned(),
+            }),
+            ("final", 4) => self.finals.push((
+                f[1].to_owned(),
+                f[2].to_owned(),
+                (f[3] != "-").then(|| f[3].to_owned()),
+            )),
+            _ => return None,
+        }
+        Some(())
+    }
+
+    /// How many runs of process `pid` have no drop recorded.
+    pub(crate) fn alive_runs_of(&self, pid: u32) -> usize {
+        self.runs
+            .values()
+            .filter(|r| r.pid == pid && r.drop.is_none())
+            .count()
+    }
+
+    /// How many writes by `worker` sent at or after `since` were accepted.
+    pub(crate) fn accepted_writes_since(&self, worker: &str, since: u64) -> usize {
+        self.writes
+            .iter()
+            .filter(|w| w.worker == worker && w.sent >= since)
+            .filter(|w| w.outcome == WriteOutcome::Accepted)
+            .count()
+    }
+
+    /// The interval a run counts as alive for rules 1 and 4, and whether it was cut
+    /// short at a freeze.
+    fn alive_span(&self, run: &Run, allowance: u64) -> (u64, u64, bool) {
+        let killed = self
+            .faults
+            .iter()
+            .filter(|(f, t, pid)| *f == Fault::Killed && *pid == run.pid && *t >= run.start)
+            .map(|(_, t, _)| *t)
+            .min();
+        let end = run.drop.or(killed).unwrap_or(u64::MAX);
+        // The last freeze of its process while it was alive, and the thaw after it.
+        let freeze = self
+            .faults
+            .iter()
+            .filter(|(f, t, pid)| {
+                *f == Fault::Freeze && *pid == run.pid && *t >= run.start && *t <= end
+            })
+            .map(|(_, t, _)| *t)
+            .max();
+        if let Some(frozen_at) = freeze {
+            let thaw = self
+                .faults
+                .iter()
+                .filter(|(f, t, pid)| *f == Fault::Thaw && *pid == run.pid && *t >= frozen_at)
+                .map(|(_, t, _)| *t)
+                .min();
+            if thaw.is_some_and(|thawed| end <= thawed.saturating_add(allowance)) {
+                return (run.start, frozen_at, true);
+            }
+        }
+        (run.start, end, false)
+    }
+
+    /// Checks the four rules (module docs); `allowance` is how soon after a thaw a
+    /// frozen owner must have dropped its run.
+    pub(crate) fn check(&self, allowance: Duration) -> Verdict {
+        let allowance = allowance.as_nanos() as u64;
+        let mut verdict = Verdict {
+            runs: self.runs.len(),
+            ..Verdict::default()
+        };
+        // Rule 1, and the most runs of one task alive at once.
+        let mut by_task: BTreeMap<&str, Vec<(u64, u64, &Run)>> = BTreeMap::new();
+        for run in self.runs.values() {
+            let (start, end, frozen) = self.alive_span(run, allowance);
+            verdict.frozen += usize::from(frozen);
+            by_task
+                .entry(&run.task)
+                .or_default()
+                .push((start, end, run));
+        }
+        for (task, spans) in &mut by_task {
+            spans.sort_by_key(|(start, _, _)| *start);
+            let mut live: Vec<(u64, &Run)> = Vec::new();
+            for (start, end, run) in spans.iter() {
+                // A run that ended at the instant another began does not overlap it.
+                live.retain(|(e, _)| *e > *start);
+                for (_, other) in &live {
+                    verdict.violations.push(Violation::Overlap {
+                        task: (*task).to_owned(),
+                        runs: (
+                            format!("{}@{}", other.id, other.worker),
+                            format!("{}@{}", run.id, run.worker),
+                        ),
+                    });
+                }
+                live.push((*end, run));
+                verdict.max_live = verdict.max_live.max(live.len());
+            }
+        }
+        // Rule 2.
+        let mut accepted: BTreeMap<&str, Vec<&FencedWrite>> = BTreeMap::new();
+        for w in &self.writes {
+            match w.outcome {
+                WriteOutcome::Accepted => {
+                    verdict.accepted += 1;
+                    accepted.entry(&w.task).or_default().push(w);
+                }
+                WriteOutcome::Rejected => verdict.rejected += 1,
+                WriteOutcome::Unknown => {}
+            }
+        }
+        for (task, writes) in &mut accepted {
+            // Sorted by when each was answered, with the highest token answered so
+            // far: the writes "accepted before" one was sent are a prefix.
+            writes.sort_by_key(|w| w.acked);
+            let mut highest = Vec::with_capacity(writes.len());
+            let mut top = i64::MIN;
+            for w in writes.iter() {
+                top = top.max(w.token);
+                highest.push(top);
+            }
+            for w in writes.iter() {
+                let before = writes.partition_point(|v| v.acked < w.sent);
+                if before > 0 && highest[before - 1] > w.token {
+                    verdict.violations.push(Violation::StaleAccepted {
+                        task: (*task).to_owned(),
+                        stale: (w.worker.clone(), w.token),
+                        newer: highest[before - 1],
+                    });
+                }
+            }
+        }
+        // Rule 3.
+        for (task, desired, owner) in &self.finals {
+            if desired == "Running" && owner.is_none() {
+                verdict
+                    .violations
+                    .push(Violation::Orphaned { task: task.clone() });
+            }
+        }
+        // Rule 4.
+        for o in &self.observations {
+            if !matches!(o.stage.as_str(), "New" | "Paused" | "Stopped" | "Finished") {
+                continue;
+            }
+            let during = by_task.get(o.task.as_str()).and_then(|spans| {
+                spans
+                    .iter()
+                    .find(|(start, end, _)| *start <= o.sent && *end >= o.received)
+            });
+            if let Some((_, _, run)) = during {
+                verdict.violations.push(Violation::FalseRest {
+                    task: o.task.clone(),
+                    stage: o.stage.clone(),
+                    run: format!("{}@{}", run.id, run.worker),
+                });
+            }
+        }
+        verdict
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NONE: Duration = Duration::ZERO;
+
+    fn check(lines: &[&str], allowance: Duration) -> Verdict {
+        History::from_lines(lines)
+            .expect("the test's lines are history lines")
+            .check(allowance)
+    }
+
+    #[test]
+    fn a_clean_takeover_passes() {
+        let v = check(
+            &[
+                "alive 100 7.1 t w1 1 10",
+                "write 110 120 t w1 10 accepted",
+                "drop 200 7.1",
+                "alive 300 8.1 t w2 1 20",
+                "write 150 310 t w1 10 rejected",
+                "write 320 330 t w2 20 accepted",
+                "drop 350 8.1",
+                "observe 400 410 t Paused",
+                "final t Running w2",
+            ],
+            NONE,
+        );
+        assert!(v.passed(), "{v}");
+        assert_eq!((v.runs, v.max_live, v.accepted, v.rejected), (2, 1, 2, 1));
+    }
+
+    #[test]
+    fn rule_1_two_runs_alive_at_once_fail() {
+        let v = check(
+            &[
+                "alive 100 7.1 t w1 1 10",
+                "alive 150 8.1 t w2 1 20",
+                "drop 200 7.1",
+            ],
+            NONE,
+        );
+        assert_eq!(v.max_live, 2);
+        assert!(matches!(&v.violations[..], [Violation::Overlap { task, .. }] if task == "t"));
+    }
+
+    #[test]
+    fn rule_1_a_run_of_a_killed_process_ends_at_the_kill_and_no_later() {
+        let killed = [
+            "alive 100 7.1 t w1 1 10",
+            "killed 200 7",
+            "alive 300 8.1 t w2 1 20",
+        ];
+        assert!(check(&killed, NONE).passed());
+        // Never dropped and never killed: alive to the end of the history.
+        let v = check(
+            &["alive 100 7.1 t w1 1 10", "alive 300 8.1 t w2 1 20"],
+            NONE,
+        );
+        assert_eq!(v.violations.len(), 1, "{v}");
+    }
+
+    #[test]
+    fn rule_1_a_frozen_owner_is_allowed_only_a_prompt_stop_after_the_thaw() {
+        let lines = |drop: &'static str| {
+            [
+                "alive 100 7.1 t w1 1 10",
+                "freeze 150 7",
+                "alive 300 8.1 t w2 1 20",
+                "thaw 400 7",
+                drop,
+            ]
+        };
+        let v = check(&lines("drop 450 7.1"), Duration::from_nanos(100));
+        assert!(v.passed(), "{v}");
+        assert_eq!(v.frozen, 1);
+        let v = check(&lines("drop 600 7.1"), Duration::from_nanos(100));
+        assert_eq!(v.violations.len(), 1, "a run kept past the allowance: {v}");
+        assert_eq!(v.frozen, 0);
+    }
+
+    #[test]
+    fn rule_2_an_accepted_write_with_a_lower_token_fails() {
+        let v = check(
+            &[
+                "write 100 110 t w2 20 accepted",
+                "write 120 130 t w1 10 accepted",
+            ],
+            NONE,
+        );
+        assert!(
+            matches!(&v.violations[..], [Violation::StaleAccepted { stale, newer: 20, .. }] if stale.1 == 10),
+            "{v}"
+        );
+        // Concurrent (the lower one sent before the higher one was answered), or
+        // rejected: no violation.
+        let ok = check(
+            &[
+                "write 100 110 t w2 20 accepted",
+                "write 105 130 t w1 10 accepted",
+                "write 120 130 t w1 10 rejected",
+                "write 120 130 u w1 10 accepted",
+            ],
+            NONE,
+        );
+        assert!(ok.passed(), "{ok}");
+    }
+
+    #[test]
+    fn rule_3_a_running_task_owned_by_nobody_at_the_end_fails() {
+        let v = check(&["final t Running -", "final u Paused -"], NONE);
+        assert_eq!(v.violations, vec![Violation::Orphaned { task: "t".into() }]);
+    }
+
+    #[test]
+    fn rule_4_a_rest_stage_read_while_a_run_is_alive_fails() {
+        let run = ["alive 100 7.1 t w1 1 10", "drop 500 7.1"];
+        let v = check(&[run[0], run[1], "observe 200 210 t Paused"], NONE);
+        assert!(
+            matches!(&v.violations[..], [Violation::FalseRest { stage, .. }] if stage == "Paused")
+        );
+        let v = check(&[run[0], run[1], "observe 200 210 t Stopped"], NONE);
+        assert_eq!(v.violations.len(), 1);
+        // Running is no claim of rest; a read that overlaps the drop may have seen
+        // the state after it.
+        let ok = check(
+            &[
+                run[0],
+                run[1],
+                "observe 200 210 t Running",
+                "observe 490 510 t Paused",
+            ],
+            NONE,
+        );
+        assert!(ok.passed(), "{ok}");
+    }
+
+    #[test]
+    fn lines_that_are_not_history_are_refused() {
+        assert!(History::from_lines(&["alive 1 2"]).is_none());
+        assert!(History::from_lines(&["write a b t w 1 accepted"]).is_none());
+        assert!(
+            History::from_lines(&["drop 5 9.9"]).is_none(),
+            "a drop of no run"
+        );
+    }
+
+    #[test]
+    fn recorded_files_merge_into_one_history() {
+        let dir = std::env::temp_dir().join(format!("taskstage-history-{}", now_ns()));
+        let a = Recorder::create(&dir, "a").unwrap();
+        let b = Recorder::create(&dir, "b").unwrap();
+        let guard = a.alive("t", "w1", 1, 10);
+        a.write("t", "w1", 10, now_ns(), WriteOutcome::Accepted);
+        drop(guard);
+        let _alive = b.alive("t", "w2", 1, 20);
+        b.end("t", "Running", Some("w2"));
+        let v = History::load(&dir).unwrap().check(NONE);
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(v.passed(), "{v}");
+        assert_eq!((v.runs, v.accepted, v.max_live), (2, 1, 1));
+    }
+}
