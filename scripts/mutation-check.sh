@@ -263,7 +263,7 @@ m7() {
   MUTANT="a waiter polled again keeps the waker it registered first (no clone_from refresh)"
   SUITE="--lib"
   edit src/lifecycle/waiters.rs <<'EOF'
-            Some((_, stored)) => {
+            Some(stored) => {
                 #[cfg(taskstage_loom)]
                 if super::prefix::on(super::prefix::Defect::StaleWaker) {
                     return;
@@ -403,9 +403,7 @@ m18() {
   MUTANT="the async waiters' wakers are dropped instead of woken"
   SUITE="--lib"
   edit src/lifecycle/mod.rs <<'EOF'
-        for waker in wakers {
-            waker.wake();
-        }
+        wakers.wake();
 @@@@
         drop(wakers);
 EOF
@@ -473,10 +471,10 @@ m24() {
   MUTANT="only a resume's check is raced against the cancel: the first start's check is not dropped by a pause or a stop"
   SUITE="--test runtime"
   edit src/lifecycle/driver.rs <<'EOF'
-            let cancel = (kind == StartKind::Prepare).then(|| start.cancel.cancelled());
+            let interrupt = pin!(start.cancel.interrupted(kind == StartKind::Prepare));
 @@@@
-            let cancel =
-                (kind == StartKind::Prepare && start.resume).then(|| start.cancel.cancelled());
+            let interrupt =
+                pin!(start.cancel.interrupted(kind == StartKind::Prepare && start.resume));
 EOF
 }
 
@@ -485,10 +483,10 @@ m25() {
   MUTANT="the stop escalation waits a second grace period without aborting the run"
   SUITE="--test runtime"
   edit src/runtime/handle.rs <<'EOF'
-                shared.abort(settle.generation());
-                match tokio::time::timeout(grace, shared.core().settled(settle)).await {
+            shared.abort(settle.generation());
+            match tokio::time::timeout(grace, shared.core().settled(settle)).await {
 @@@@
-                match tokio::time::timeout(grace, shared.core().settled(settle)).await {
+            match tokio::time::timeout(grace, shared.core().settled(settle)).await {
 EOF
 }
 
