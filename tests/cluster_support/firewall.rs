@@ -112,8 +112,6 @@ fn remove_chain(chain: &str) {
 /// A chain of DROP rules of this test; dropping it removes them.
 pub(crate) struct Firewall {
     chain: String,
-    /// A connection mark of this chain's own, for [`Firewall::drop_dialled_by`].
-    mark: u32,
 }
 
 impl Firewall {
@@ -130,8 +128,7 @@ impl Firewall {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let pid = std::process::id();
         let chain = format!("{PREFIX}{pid}-{n}");
-        let mark = 0x7a00_0000 | ((pid & 0xf_ffff) << 4) | (n & 0xf);
-        let firewall = Firewall { chain, mark };
+        let firewall = Firewall { chain };
         let mut insert = words(&["-I", "OUTPUT"]);
         insert.extend(jump(&firewall.chain));
         let made = iptables(&words(&["-N", &firewall.chain])).and_then(|()| iptables(&insert));
@@ -172,16 +169,18 @@ impl Firewall {
         }
     }
 
-    /// Drops, both ways, every TCP connection that a process of user `uid` dialled
-    /// to one of `ports`: the first packet it sends on one marks the connection
-    /// (conntrack), and every packet of a marked connection is dropped.
+    /// Drops, both ways, every TCP connection that a process of user `uid` dials
+    /// or has dialled to one of `ports`: what it sends there (matched by its user,
+    /// which also keeps any new connection from opening), and what comes back on
+    /// the connections it had open (their local ports, read from `/proc/net/tcp`
+    /// once the first rule is in, so that none can open in between).
     ///
     /// # Panics
     ///
-    /// If iptables refuses a rule (no `owner`, `connmark` or `multiport` match).
+    /// If iptables refuses a rule (no `owner` or `multiport` match), or
+    /// `/proc/net/tcp` cannot be read.
     pub(crate) fn drop_dialled_by(&self, uid: u32, ports: &[u16]) {
-        let ports: Vec<String> = ports.iter().map(u16::to_string).collect();
-        let mark = format!("{:#x}", self.mark);
+        let list: Vec<String> = ports.iter().map(u16::to_string).collect();
         self.append(&words(&[
             "-p",
             "tcp",
@@ -192,13 +191,17 @@ impl Firewall {
             "-m",
             "multiport",
             "--dports",
-            &ports.join(","),
+            &list.join(","),
             "-j",
-            "CONNMARK",
-            "--set-mark",
-            &mark,
+            "DROP",
         ]));
-        self.append(&words(&["-m", "connmark", "--mark", &mark, "-j", "DROP"]));
+        let table = std::fs::read_to_string("/proc/net/tcp").expect("read /proc/net/tcp");
+        for (local, remote) in dialled(&table, uid, ports) {
+            let (remote, local) = (remote.to_string(), local.to_string());
+            self.append(&words(&[
+                "-p", "tcp", "--sport", &remote, "--dport", &local, "-j", "DROP",
+            ]));
+        }
     }
 
     /// Removes every rule (the chain and its jump stay until the guard drops).
@@ -216,5 +219,55 @@ impl Firewall {
 impl Drop for Firewall {
     fn drop(&mut self) {
         remove_chain(&self.chain);
+    }
+}
+
+/// The (local, remote) ports of the TCP sockets of user `uid` in `table` (the text
+/// of `/proc/net/tcp`) between two 127.0.0.0/8 addresses whose remote port is one
+/// of `ports`.
+fn dialled(table: &str, uid: u32, ports: &[u16]) -> Vec<(u16, u16)> {
+    // "0100007F:1F90": the address in hex, in memory order (127 last), and the port.
+    let loopback_port = |field: &str| {
+        let (address, port) = field.split_once(':')?;
+        let port = u16::from_str_radix(port, 16).ok()?;
+        (address.len() == 8 && address.ends_with("7F")).then_some(port)
+    };
+    let mut found = Vec::new();
+    for line in table.lines().skip(1) {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let (Some(local), Some(remote), Some(owner)) =
+            (fields.get(1), fields.get(2), fields.get(7))
+        else {
+            continue;
+        };
+        if owner.parse::<u32>().ok() != Some(uid) {
+            continue;
+        }
+        if let (Some(local), Some(remote)) = (loopback_port(local), loopback_port(remote)) {
+            if ports.contains(&remote) {
+                found.push((local, remote));
+            }
+        }
+    }
+    found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::dialled;
+
+    #[test]
+    fn the_connections_a_user_dialled_to_the_given_ports_are_found() {
+        let table = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 0100007F:9C40 00000000:0000 0A 00000000:00000000 00:00000000 00000000  1000        0 1 1 0
+   1: 0100007F:A000 0100007F:9C41 01 00000000:00000000 00:00000000 00000000  1000        0 2 1 0
+   2: 0100007F:A001 0100007F:9C42 01 00000000:00000000 00:00000000 00000000  1001        0 3 1 0
+   3: 0100007F:A002 0100007F:1F90 01 00000000:00000000 00:00000000 00000000  1000        0 4 1 0
+   4: 0200000A:A003 0100007F:9C41 01 00000000:00000000 00:00000000 00000000  1000        0 5 1 0
+";
+        // 0x9C41 = 40001, 0x9C42 = 40002, 0xA000 = 40960.
+        assert_eq!(dialled(table, 1000, &[40001, 40002]), vec![(40960, 40001)]);
+        assert_eq!(dialled(table, 1001, &[40001, 40002]), vec![(40961, 40002)]);
+        assert!(dialled(table, 1002, &[40001, 40002]).is_empty());
     }
 }
