@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Makes sure the `etcd` feature can be built and tested here: `protoc` and the
-# well-known protobuf types (etcd-client's build needs both), and the `etcd` binary
-# (the integration tests start a 3-member cluster on 127.0.0.1).
+# well-known protobuf types (etcd-client's build needs both), the `etcd` binary
+# (the integration tests start a 3-member cluster on 127.0.0.1), and `iptables`
+# (the fault suite partitions etcd with DROP rules on loopback; it runs as root).
 #
 # Installs what is missing with apt-get when it can (as root, or with passwordless
 # sudo); otherwise fails, saying what to install.
 set -euo pipefail
 
-packages="etcd-server etcd-client protobuf-compiler libprotobuf-dev"
+packages="etcd-server etcd-client protobuf-compiler libprotobuf-dev iptables"
 
 missing() {
   local need=()
@@ -15,6 +16,7 @@ missing() {
   [ -e /usr/include/google/protobuf/timestamp.proto ] || need+=(libprotobuf-dev)
   command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
   command -v etcdctl >/dev/null 2>&1 || need+=(etcd-client)
+  command -v iptables >/dev/null 2>&1 || [ -x /usr/sbin/iptables ] || need+=(iptables)
   echo "${need[*]:-}"
 }
 

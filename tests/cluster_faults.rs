@@ -24,7 +24,6 @@ use std::time::{Duration, Instant};
 use cluster_support::history::{
     now_ns, Fault, History, Recorder, Verdict, Violation, WriteOutcome,
 };
-use cluster_support::proxy::Proxy;
 use cluster_support::{exit_when_stdin_closes, signal_pid, ChildGuard, EtcdCluster};
 use taskstage::cluster::{
     ClusterError, Controller, Coordinator, DesiredStage, EtcdCoordinator, EtcdOptions, Fencer,
@@ -175,13 +174,14 @@ fn worker_process() {
 struct Proc {
     id: String,
     child: ChildGuard,
-    proxy: Option<Proxy>,
 }
 
 /// Worker processes of one test, the test's own history, and a controller.
 struct Fleet {
     dir: PathBuf,
     endpoints: Vec<String>,
+    /// The members' side client ports, that the cluster can cut.
+    side_endpoints: Vec<String>,
     unfenced: bool,
     procs: Vec<Proc>,
     recorder: Arc<Recorder>,
@@ -206,14 +206,14 @@ impl Drop for Fleet {
 struct Spawn {
     capacity: usize,
     write_every: Duration,
-    /// Behind a proxy the test can cut.
-    proxied: bool,
+    /// On the members' side client ports, that the test can cut.
+    cuttable: bool,
 }
 
 const ONE: Spawn = Spawn {
     capacity: 16,
     write_every: Duration::from_millis(50),
-    proxied: false,
+    cuttable: false,
 };
 
 impl Fleet {
@@ -230,6 +230,7 @@ impl Fleet {
         Fleet {
             dir,
             endpoints: cluster.endpoints(),
+            side_endpoints: cluster.side_endpoints(),
             unfenced,
             procs: Vec::new(),
             recorder,
@@ -239,10 +240,11 @@ impl Fleet {
     }
 
     fn spawn(&mut self, id: &str, how: Spawn) {
-        let proxy = how.proxied.then(|| Proxy::start(&self.endpoints));
-        let endpoints = proxy
-            .as_ref()
-            .map_or_else(|| self.endpoints.clone(), Proxy::endpoints);
+        let endpoints = if how.cuttable {
+            &self.side_endpoints
+        } else {
+            &self.endpoints
+        };
         let exe = std::env::current_exe().expect("the test binary's path");
         let child = Command::new(exe)
             .args(["worker_process", "--exact", "--ignored", "--nocapture"])
@@ -270,7 +272,6 @@ impl Fleet {
         self.procs.push(Proc {
             id: id.to_owned(),
             child: ChildGuard::new(child),
-            proxy,
         });
     }
 
@@ -283,10 +284,6 @@ impl Fleet {
 
     fn pid(&self, id: &str) -> u32 {
         self.proc(id).child.pid()
-    }
-
-    fn proxy(&self, id: &str) -> &Proxy {
-        self.proc(id).proxy.as_ref().expect("a proxied worker")
     }
 
     /// SIGKILL, reaped, recorded.
@@ -577,14 +574,14 @@ async fn an_owner_killed_mid_run_is_replaced_within_the_bound() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_cut_off_from_etcd_stops_its_run_before_another_starts() {
-    let Some(cluster) = EtcdCluster::start_or_skip(3) else {
+    let Some(mut cluster) = EtcdCluster::start_partitionable(3) else {
         return;
     };
     let mut fleet = Fleet::new(&cluster, false).await;
     fleet.spawn(
         "w1",
         Spawn {
-            proxied: true,
+            cuttable: true,
             ..ONE
         },
     );
@@ -594,12 +591,15 @@ async fn a_worker_cut_off_from_etcd_stops_its_run_before_another_starts() {
     registered(&fleet, "w2").await;
     fleet.written("t", 3).await;
 
-    fleet.proxy("w1").cut();
+    assert_eq!(cluster.side_ports_answering(), 3, "before the cut");
+    cluster.cut_side_clients();
     let cut = Instant::now();
     let takeover = fleet.answered("t", LIVENESS, is("w2")).await;
     eprintln!("figure: takeover from a worker cut off from etcd: {takeover:?}");
+    assert_eq!(cluster.side_ports_answering(), 0, "through the cut");
     hold(&fleet, "t", cut, 3 * TTL).await;
-    fleet.proxy("w1").heal();
+    cluster.heal();
+    assert_eq!(cluster.side_ports_answering(), 3, "after the heal");
     // Its lease is gone: it finds out, and joins again.
     let w1 = fleet.pid("w1");
     fleet.history_shows(LIVENESS, "w1's run dropped", |h| h.alive_runs_of(w1) == 0);
@@ -657,6 +657,18 @@ async fn leader_lost(fault: LeaderFault) {
         fleet.answered(task, LIVENESS, |_| true).await;
     }
     let leader = leader_of(&cluster).await;
+    if fault == LeaderFault::Isolate {
+        // The control for the check below: before the partition, it reads.
+        // Bounded: up to the liveness bound, each try 500 ms at most.
+        let deadline = Instant::now() + LIVENESS;
+        while !cluster.serves_linearizable_read(leader) {
+            assert!(
+                Instant::now() < deadline,
+                "member {leader} served no read before the partition"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
     let lost = Instant::now();
     match fault {
         LeaderFault::Kill => cluster.kill_member(leader),
@@ -695,17 +707,39 @@ async fn leader_lost(fault: LeaderFault) {
         lost.elapsed()
     );
     if fault == LeaderFault::Isolate {
-        // A new leader among the other two: the isolated one is in a minority.
-        let now = cluster.leader();
+        // A new leader among the other two, as they say: the isolated one is in a
+        // minority. Bounded: polled every 50 ms for up to the liveness bound.
+        let deadline = Instant::now() + LIVENESS;
+        let new = loop {
+            let now = cluster.leader_by_others(leader);
+            if let Some(new) = now.filter(|l| *l != leader) {
+                break new;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "leader {now:?} after isolating {leader}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        // Cut off from both others, both ways: it has not heard of the new leader
+        // (a partition of one direction only lets the new leader's messages in).
+        let named = cluster.leader_named_by(leader);
+        eprintln!("leader {new} among the other two; the isolated {leader} names {named:?}");
+        assert_ne!(
+            named,
+            Some(new),
+            "the isolated member {leader} names the new leader"
+        );
+        // And it reaches no quorum.
         assert!(
-            now.is_some_and(|l| l != leader),
-            "leader {now:?} after isolating {leader}"
+            !cluster.serves_linearizable_read(leader),
+            "the isolated member {leader} still served a linearizable read"
         );
     }
     match fault {
         LeaderFault::Kill => {}
         LeaderFault::Freeze => cluster.thaw_member(leader),
-        LeaderFault::Isolate => cluster.heal_members(),
+        LeaderFault::Isolate => cluster.heal(),
     }
     if fault != LeaderFault::Kill {
         // Back, the old leader may revoke the leases that expired in its own view
@@ -832,7 +866,7 @@ async fn a_hundred_tasks_over_three_workers_survive_one_killed() {
     let many = Spawn {
         capacity: 64,
         write_every: Duration::from_secs(1),
-        proxied: false,
+        cuttable: false,
     };
     for id in ["w1", "w2", "w3"] {
         fleet.spawn(id, many);

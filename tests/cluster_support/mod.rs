@@ -3,17 +3,21 @@
 //! pid (SIGTERM, then SIGKILL) when its guard drops, also when a test fails or
 //! panics; and a probe unit that counts its live runs and writes fenced checkpoints.
 //!
+//! Each member listens for clients on two ports: the usual one, and a side port
+//! for one client that a test can cut off (see [`EtcdCluster::side_endpoints`]).
+//!
 //! When no `etcd` binary is found (on `PATH`, or at `$ETCD_BIN`), a test is skipped
 //! with a line saying so, except under `CI=true`, where it fails.
 
 #![allow(dead_code)] // each test file uses a part of it
 
+pub(crate) mod firewall;
 pub(crate) mod history;
-pub(crate) mod proxy;
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -29,9 +33,9 @@ static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 /// A running etcd cluster; dropping it stops every member by pid.
 pub(crate) struct EtcdCluster {
     members: Vec<Member>,
-    /// In front of the members' peer ports, when started with
+    /// The test's own iptables chain, when started with
     /// [`EtcdCluster::start_partitionable`].
-    peers: Option<proxy::Proxy>,
+    firewall: Option<firewall::Firewall>,
     dir: PathBuf,
     _turn: MutexGuard<'static, ()>,
 }
@@ -39,6 +43,12 @@ pub(crate) struct EtcdCluster {
 struct Member {
     name: String,
     client_url: String,
+    /// The second client port, for [`EtcdCluster::cut_side_clients`].
+    side_port: u16,
+    peer_port: u16,
+    /// The user the member runs as, when partitionable: its own, so that an
+    /// iptables rule can tell the connections it dials from its peers'.
+    uid: Option<u32>,
     child: Option<Child>,
 }
 
@@ -90,14 +100,22 @@ impl EtcdCluster {
         EtcdCluster::start(n, false)
     }
 
-    /// As [`EtcdCluster::start_or_skip`], with the members' peer traffic through a
-    /// proxy, so that [`EtcdCluster::isolate_member`] can partition one member
-    /// from the others.
+    /// As [`EtcdCluster::start_or_skip`], with an iptables chain of the test's own
+    /// and each member run as a user of its own, so that
+    /// [`EtcdCluster::isolate_member`] and [`EtcdCluster::cut_side_clients`] can
+    /// partition it. Returns `None` (after saying so loudly) when iptables does
+    /// not work here and `CI` is not `true`.
+    ///
+    /// # Panics
+    ///
+    /// As [`EtcdCluster::start_or_skip`]; and under `CI=true` when iptables does
+    /// not work.
     pub(crate) fn start_partitionable(n: usize) -> Option<EtcdCluster> {
         EtcdCluster::start(n, true)
     }
 
     fn start(n: usize, partitionable: bool) -> Option<EtcdCluster> {
+        assert!(n <= 8, "at most 8 members");
         let Some(binary) = etcd_binary() else {
             let ci = std::env::var("CI").is_ok_and(|v| v == "true");
             assert!(
@@ -107,6 +125,11 @@ impl EtcdCluster {
             );
             eprintln!("SKIPPED: no etcd binary on PATH (install etcd-server, or set ETCD_BIN)");
             return None;
+        };
+        let firewall = if partitionable {
+            Some(firewall::Firewall::create_or_skip()?)
+        } else {
+            None
         };
         let turn = ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner);
         let stamp = std::time::SystemTime::now()
@@ -122,45 +145,54 @@ impl EtcdCluster {
         };
         let dir = base.join(format!("taskstage-etcd-{}-{stamp}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("create the cluster's temporary directory");
-        let ports: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
-        let listen: Vec<String> = ports
-            .iter()
-            .map(|(_, peer)| format!("http://127.0.0.1:{peer}"))
+        // (client, side client, peer) per member.
+        let ports: Vec<(u16, u16, u16)> = (0..n)
+            .map(|_| (free_port(), free_port(), free_port()))
             .collect();
-        let peers = partitionable.then(|| proxy::Proxy::start(&listen));
-        let advertised = peers
-            .as_ref()
-            .map_or_else(|| listen.clone(), proxy::Proxy::endpoints);
-        let initial: Vec<String> = advertised
+        let initial: Vec<String> = ports
             .iter()
             .enumerate()
-            .map(|(i, url)| format!("m{i}={url}"))
+            .map(|(i, (_, _, peer))| format!("m{i}=http://127.0.0.1:{peer}"))
             .collect();
         let mut cluster = EtcdCluster {
             members: Vec::new(),
-            peers,
+            firewall,
             dir: dir.clone(),
             _turn: turn,
         };
-        for (i, (client, peer)) in ports.iter().enumerate() {
+        for (i, &(client, side, peer)) in ports.iter().enumerate() {
             let name = format!("m{i}");
             let log = std::fs::File::create(dir.join(format!("{name}.log")))
                 .expect("create a member's log file");
             let log_err = log.try_clone().expect("clone the log file handle");
-            let child = Command::new(&binary)
+            // A user of its own per member (unique to this test binary), owning its
+            // data directory; the log is opened here.
+            let uid = partitionable.then(|| 1_000_000 + std::process::id() * 8 + i as u32);
+            let data = dir.join(&name);
+            if let Some(uid) = uid {
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::create_dir(&data).expect("create a member's data directory");
+                std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o700))
+                    .expect("restrict a member's data directory");
+                std::os::unix::fs::chown(&data, Some(uid), None)
+                    .expect("give a member its data directory");
+            }
+            let clients = format!("http://127.0.0.1:{client},http://127.0.0.1:{side}");
+            let mut command = Command::new(&binary);
+            if let Some(uid) = uid {
+                command.uid(uid);
+            }
+            let child = command
                 .args(["--name", &name])
                 .arg("--data-dir")
-                .arg(dir.join(&name))
-                .args([
-                    "--listen-client-urls",
-                    &format!("http://127.0.0.1:{client}"),
-                ])
-                .args([
-                    "--advertise-client-urls",
-                    &format!("http://127.0.0.1:{client}"),
-                ])
+                .arg(&data)
+                .args(["--listen-client-urls", &clients])
+                .args(["--advertise-client-urls", &clients])
                 .args(["--listen-peer-urls", &format!("http://127.0.0.1:{peer}")])
-                .args(["--initial-advertise-peer-urls", &advertised[i]])
+                .args([
+                    "--initial-advertise-peer-urls",
+                    &format!("http://127.0.0.1:{peer}"),
+                ])
                 .args(["--initial-cluster", &initial.join(",")])
                 .args(["--initial-cluster-token", &format!("taskstage-{stamp}")])
                 .args(["--initial-cluster-state", "new"])
@@ -173,6 +205,9 @@ impl EtcdCluster {
             cluster.members.push(Member {
                 name,
                 client_url: format!("http://127.0.0.1:{client}"),
+                side_port: side,
+                peer_port: peer,
+                uid,
                 child: Some(child),
             });
         }
@@ -180,7 +215,7 @@ impl EtcdCluster {
         let started = Instant::now();
         let deadline = started + Duration::from_secs(20);
         loop {
-            if ports.iter().all(|(client, _)| healthy(*client)) {
+            if ports.iter().all(|(client, _, _)| healthy(*client)) {
                 break;
             }
             if Instant::now() >= deadline {
@@ -225,44 +260,111 @@ impl EtcdCluster {
         }
     }
 
-    /// Partitions member `i` from the others (both ways), keeping its client port
-    /// open: a member in a minority of one. Only for a cluster started with
-    /// [`EtcdCluster::start_partitionable`].
+    /// Every member's side client URL: for the one client that
+    /// [`EtcdCluster::cut_side_clients`] cuts off.
+    pub(crate) fn side_endpoints(&self) -> Vec<String> {
+        self.members
+            .iter()
+            .map(|m| format!("http://127.0.0.1:{}", m.side_port))
+            .collect()
+    }
+
+    fn firewall(&self) -> &firewall::Firewall {
+        self.firewall
+            .as_ref()
+            .expect("a cluster started with start_partitionable")
+    }
+
+    /// Cuts every member's side client port, both ways (iptables DROP on the
+    /// port as destination and as source): a client on the side endpoints is cut
+    /// off from the whole cluster, while the others keep their ports. Only for a
+    /// cluster started with [`EtcdCluster::start_partitionable`].
     ///
     /// # Panics
     ///
-    /// If the cluster was not started so, or the member's id cannot be read.
-    pub(crate) fn isolate_member(&mut self, i: usize) {
-        let id = self.member_id(i).expect("the member's id");
-        let peers = self.peers.as_ref().expect("a partitionable cluster");
-        peers.isolate(i, &format!("{id:x}"));
-    }
-
-    /// Ends a partition made by [`EtcdCluster::isolate_member`].
-    pub(crate) fn heal_members(&mut self) {
-        if let Some(peers) = &self.peers {
-            peers.heal();
+    /// If the cluster was not started so, or iptables refuses a rule.
+    pub(crate) fn cut_side_clients(&mut self) {
+        for member in &self.members {
+            self.firewall().drop_port(member.side_port);
         }
     }
 
-    /// Member `i`'s raft id, as it says through etcd's JSON gateway.
-    fn member_id(&self, i: usize) -> Option<u64> {
-        let port = self.members[i]
+    /// Partitions member `i` from the others, both ways, keeping its client ports
+    /// open: a member in a minority of one. Dropped: every packet to or from its
+    /// peer port (the connections its peers dial to it), and every connection it
+    /// dials to their peer ports (told apart by its user). Only for a cluster
+    /// started with [`EtcdCluster::start_partitionable`].
+    ///
+    /// # Panics
+    ///
+    /// If the cluster was not started so, or iptables refuses a rule.
+    pub(crate) fn isolate_member(&mut self, i: usize) {
+        let member = &self.members[i];
+        let uid = member.uid.expect("a member with a user of its own");
+        let others: Vec<u16> = self
+            .members
+            .iter()
+            .enumerate()
+            .filter_map(|(j, m)| (j != i).then_some(m.peer_port))
+            .collect();
+        self.firewall().drop_port(member.peer_port);
+        self.firewall().drop_dialled_by(uid, &others);
+    }
+
+    /// The member that member `i` names as the raft leader, if it answers and
+    /// names one of them.
+    pub(crate) fn leader_named_by(&self, i: usize) -> Option<usize> {
+        self.leader_as_said_by(|j| j == i)
+    }
+
+    /// How many members answer `/health` on their side client port.
+    pub(crate) fn side_ports_answering(&self) -> usize {
+        self.members.iter().filter(|m| healthy(m.side_port)).count()
+    }
+
+    /// Whether member `i` answers a linearizable read (a range through etcd's JSON
+    /// gateway) within 500 ms: a member cut off from a quorum cannot.
+    pub(crate) fn serves_linearizable_read(&self, i: usize) -> bool {
+        let Some(port) = self.members[i]
             .client_url
             .rsplit(':')
-            .next()?
-            .parse()
-            .ok()?;
-        let body = post(port, "/v3/maintenance/status", "{}")?;
-        json_field(&body, "member_id")?.parse().ok()
+            .next()
+            .and_then(|p| p.parse().ok())
+        else {
+            return false;
+        };
+        // The key "probe", base64.
+        post(port, "/v3/kv/range", r#"{"key":"cHJvYmU="}"#)
+            .is_some_and(|r| r.starts_with("HTTP/1.0 200") && r.contains("\"header\""))
+    }
+
+    /// Ends every partition made by [`EtcdCluster::isolate_member`] or
+    /// [`EtcdCluster::cut_side_clients`].
+    ///
+    /// # Panics
+    ///
+    /// If the cluster was not started so, or iptables cannot remove the rules.
+    pub(crate) fn heal(&mut self) {
+        self.firewall().heal();
     }
 
     /// The index of the member that is the raft leader, as the first member that
     /// answers says (through etcd's JSON gateway, `/v3/maintenance/status`).
     pub(crate) fn leader(&self) -> Option<usize> {
+        self.leader_as_said_by(|_| true)
+    }
+
+    /// As [`EtcdCluster::leader`], without asking member `skip` (an isolated
+    /// member still names the leader it last knew).
+    pub(crate) fn leader_by_others(&self, skip: usize) -> Option<usize> {
+        self.leader_as_said_by(|i| i != skip)
+    }
+
+    /// The leader as the first member that `ask` accepts and that answers says.
+    fn leader_as_said_by(&self, ask: impl Fn(usize) -> bool) -> Option<usize> {
         let mut ids = Vec::new();
         let mut leader = None;
-        for member in &self.members {
+        for (i, member) in self.members.iter().enumerate() {
             let port = member.client_url.rsplit(':').next()?.parse().ok()?;
             let body = member
                 .child
@@ -270,7 +372,9 @@ impl EtcdCluster {
                 .and_then(|_| post(port, "/v3/maintenance/status", "{}"));
             let field = |name: &str| body.as_deref().and_then(|b| json_field(b, name));
             ids.push(field("member_id"));
-            leader = leader.or_else(|| field("leader"));
+            if ask(i) {
+                leader = leader.or_else(|| field("leader"));
+            }
         }
         let leader = leader?;
         ids.iter()
