@@ -10,8 +10,8 @@
 //! prints how many stage writes per second it managed, so a reader of the results can
 //! check that the contention was comparable.
 //!
-//! One iteration is a batch of [`READS`] reads, each through `black_box` so that none
-//! is hoisted or merged, summed so that none is dropped: a single sub-nanosecond read
+//! One iteration is a batch of [`READS`] reads of a black-boxed target, summed so that
+//! none is dropped (see [`batch`]): a single sub-nanosecond read
 //! per iteration is at the resolution of the timer and of criterion's loop overhead,
 //! and its ratio to the floor moved between 0.85 and 1.56 from run to run. Criterion
 //! reports the time of a batch; `scripts/bench-report.py` divides it by [`READS`].
@@ -29,12 +29,20 @@ use tokio_util::sync::CancellationToken;
 /// Reads per iteration of every `stage_read*` function.
 const READS: u64 = 1_000;
 
-/// `READS` reads, summed (a stage's discriminant is its value).
+/// `READS` reads of `target`, summed (a stage's discriminant is its value).
+///
+/// `target` goes through `black_box` once per batch, and criterion black-boxes the
+/// sum: every read is an atomic load (or a lock), which the compiler neither merges
+/// nor hoists, so all of them are executed. A `black_box` around each read would store
+/// the reference to the stack and load it back every time, and that store, aliasing
+/// with the read's own load at some heap addresses and not others, made the figures
+/// jump from run to run.
 #[inline(always)]
-fn batch(mut read: impl FnMut() -> u8) -> u64 {
+fn batch<T: ?Sized>(target: &T, read: impl Fn(&T) -> u8) -> u64 {
+    let target = black_box(target);
     let mut sum = 0u64;
     for _ in 0..READS {
-        sum += u64::from(read());
+        sum += u64::from(read(target));
     }
     sum
 }
@@ -74,20 +82,18 @@ fn stage_read(c: &mut Criterion) {
 
     let mut group = c.benchmark_group("stage_read");
     group.bench_function("taskstage", |b| {
-        b.iter(|| batch(|| black_box(&handle).stage() as u8))
+        b.iter(|| batch(&handle, |h| h.stage() as u8))
     });
     group.bench_function("rwlock_baseline", |b| {
         b.iter(|| {
-            batch(|| {
-                *black_box(&lock)
-                    .read()
-                    .unwrap_or_else(PoisonError::into_inner) as u8
+            batch(&lock, |l| {
+                *l.read().unwrap_or_else(PoisonError::into_inner) as u8
             })
         })
     });
     group.bench_function("atomic_floor", |b| {
         // Acquire, as the crate's read uses: on the machines we bench it is a plain load.
-        b.iter(|| batch(|| black_box(&atomic).load(Ordering::Acquire)))
+        b.iter(|| batch(&atomic, |a| a.load(Ordering::Acquire)))
     });
     group.finish();
     assert_eq!(handle.stage(), Stage::Running);
@@ -280,17 +286,15 @@ fn stage_read_contended(c: &mut Criterion) {
 
     let (writer, handle) = Writer::start::<TaskstageWriter>();
     group.bench_function("taskstage", |b| {
-        b.iter(|| batch(|| black_box(&handle).stage() as u8))
+        b.iter(|| batch(&handle, |h| h.stage() as u8))
     });
     writer.finish("taskstage");
 
     let (writer, lock) = Writer::start::<ManualWriter<RwLock<Stage>>>();
     group.bench_function("rwlock_baseline", |b| {
         b.iter(|| {
-            batch(|| {
-                *black_box(&*lock)
-                    .read()
-                    .unwrap_or_else(PoisonError::into_inner) as u8
+            batch(&*lock, |l| {
+                *l.read().unwrap_or_else(PoisonError::into_inner) as u8
             })
         })
     });
@@ -298,7 +302,7 @@ fn stage_read_contended(c: &mut Criterion) {
 
     let (writer, atomic) = Writer::start::<ManualWriter<AtomicU8>>();
     group.bench_function("atomic_floor", |b| {
-        b.iter(|| batch(|| black_box(&*atomic).load(Ordering::Acquire)))
+        b.iter(|| batch(&*atomic, |a| a.load(Ordering::Acquire)))
     });
     writer.finish("atomic_floor");
 
