@@ -25,6 +25,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 
+use super::Interrupt;
 use crate::sync::{lock, AtomicU8, Mutex, Ordering};
 
 /// The bit a cancel raises.
@@ -73,6 +74,18 @@ impl RunSignal {
     /// The bits raised so far.
     pub fn raised(&self) -> u8 {
         self.raised.load(Ordering::SeqCst)
+    }
+
+    /// Completes once the abort is raised, or, when `on_cancel`, the cancel: the
+    /// listener of [`CancelHandle::interrupted`](super::CancelHandle::interrupted),
+    /// saying which (the abort, if both were).
+    pub async fn interrupted(&self, on_cancel: bool) -> Interrupt {
+        let mask = if on_cancel { ABORT | CANCEL } else { ABORT };
+        if self.wait(mask).await & ABORT != 0 {
+            Interrupt::Aborted
+        } else {
+            Interrupt::Cancelled
+        }
     }
 
     /// Completes once one of `mask`'s bits is raised, with the raised bits of `mask`.

@@ -52,17 +52,8 @@ impl CancelHandle for RunSignals {
         self.0.driver.raise(signal::ABORT);
     }
 
-    async fn interrupted(&self, on_cancel: bool) -> Interrupt {
-        let mask = if on_cancel {
-            signal::ABORT | signal::CANCEL
-        } else {
-            signal::ABORT
-        };
-        if self.0.driver.wait(mask).await & signal::ABORT != 0 {
-            Interrupt::Aborted
-        } else {
-            Interrupt::Cancelled
-        }
+    fn interrupted(&self, on_cancel: bool) -> impl Future<Output = Interrupt> + Send + '_ {
+        self.0.driver.interrupted(on_cancel)
     }
 }
 
