@@ -19,6 +19,8 @@ echo "== every target with every feature (etcd, metrics, testing) =="
 # etcd leader lost, two controllers racing, 100 tasks; each merged history checked)
 # and the migrate example's cluster mode at small scale.
 cargo test --all-targets --all-features
+echo "== compile-fail proofs of the typestate API (default features: the saved errors are theirs) =="
+cargo test --test compile_fail
 echo "== doc tests (every feature) =="
 cargo test --doc --all-features
 
