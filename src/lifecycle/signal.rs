@@ -125,7 +125,9 @@ impl Future for Raised<'_> {
             return Poll::Pending;
         }
         let waker = cx.waker().clone();
-        *lock(&self.signal.listener) = Some((self.mask, waker.clone()));
+        let replaced = lock(&self.signal.listener).replace((self.mask, waker.clone()));
+        // The waker it replaces is dropped with the lock released: it is not ours.
+        drop(replaced);
         self.registered = Some(waker);
         #[cfg(taskstage_loom)]
         if super::prefix::on(super::prefix::Defect::AbortNoRecheck) {
