@@ -133,6 +133,25 @@ struct Worker {
     pending: Option<Msg>,
 }
 
+impl Worker {
+    /// A worker that has just joined with `lease` at time `now`.
+    fn joined(lease: u8, now: u8) -> Worker {
+        Worker {
+            up: true,
+            frozen: false,
+            lease: Some(lease),
+            stop_at: Some(now + TTL - STOP_BOUND),
+            ka_sent: Some(now),
+            token: None,
+            local: None,
+            acted: None,
+            stopping: false,
+            fence_rejected: false,
+            pending: None,
+        }
+    }
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
 struct State {
     now: u8,
@@ -320,19 +339,7 @@ impl Model for Cfg {
 
     fn init_states(&self) -> Vec<State> {
         let workers = (0..self.workers)
-            .map(|w| Worker {
-                up: true,
-                frozen: false,
-                lease: Some(w as u8),
-                stop_at: Some(TTL - STOP_BOUND),
-                ka_sent: Some(0),
-                token: None,
-                local: None,
-                acted: None,
-                stopping: false,
-                fence_rejected: false,
-                pending: None,
-            })
+            .map(|w| Worker::joined(w as u8, 0))
             .collect();
         vec![State {
             now: 0,
@@ -578,19 +585,7 @@ impl Model for Cfg {
             Step::Restart(w) => {
                 let lease = s.leases.len() as u8;
                 s.leases.push(Some(s.now + TTL));
-                s.workers[usize::from(w)] = Worker {
-                    up: true,
-                    frozen: false,
-                    lease: Some(lease),
-                    stop_at: Some(s.now + TTL - STOP_BOUND),
-                    ka_sent: Some(s.now),
-                    token: None,
-                    local: None,
-                    acted: None,
-                    stopping: false,
-                    fence_rejected: false,
-                    pending: None,
-                };
+                s.workers[usize::from(w)] = Worker::joined(lease, s.now);
             }
             Step::Crash(w) => {
                 s.faults -= 1;
