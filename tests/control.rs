@@ -4,15 +4,14 @@ mod support;
 
 use std::time::Duration;
 
-use support::{scripted, Live, Order};
+use support::{scripted, stubborn, Live, Order};
 use taskstage::{Command, ErrorKind, OutcomeKind, Refusal, Stage, Task};
 
 #[tokio::test(start_paused = true)]
 async fn pause_now_is_accepted_at_once_and_settles_when_the_run_returns() {
     support::within("pause_now", support::PAUSED_BOUND, async {
         let live = Live::new();
-        let (mut unit, remote) = scripted("slow", &live);
-        unit.ignore_cancel = true; // returns only when told
+        let (unit, remote) = stubborn("slow", &live);
         let (next, _next_remote) = scripted("next", &live);
         let handle = Task::builder("t").unit(unit).unit(next).spawn().unwrap();
         live.wait(|now, _| now == 1).await;
@@ -66,8 +65,7 @@ async fn a_dropped_settling_future_does_not_undo_the_pause() {
 async fn stop_now_escalates_to_abort_after_the_grace_period() {
     support::within("stop_now", support::PAUSED_BOUND, async {
         let live = Live::new();
-        let (mut unit, remote) = scripted("stubborn", &live);
-        unit.ignore_cancel = true;
+        let (unit, remote) = stubborn("stubborn", &live);
         let handle = Task::builder("t")
             .unit(unit)
             .stop_grace(Duration::from_secs(2))
@@ -96,8 +94,7 @@ async fn stop_now_escalates_to_abort_after_the_grace_period() {
 async fn a_pause_now_that_outlives_its_timeout_is_a_typed_timeout() {
     support::within("pause_now timeout", support::PAUSED_BOUND, async {
         let live = Live::new();
-        let (mut unit, _remote) = scripted("stubborn", &live);
-        unit.ignore_cancel = true;
+        let (unit, _remote) = stubborn("stubborn", &live);
         let handle = Task::builder("t")
             .unit(unit)
             .pause_timeout(Duration::from_secs(3))

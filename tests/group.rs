@@ -6,7 +6,7 @@ mod support;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use support::{scripted, Live};
+use support::{stubborn, Live};
 use taskstage::{
     ErrorKind, Event, RunContext, RunError, RunExit, Stage, StopOrder, Task, TaskGroup, Unit,
 };
@@ -50,8 +50,7 @@ async fn pause_all_names_the_task_that_is_stuck() {
         let live = Live::new();
         let log = Arc::new(Mutex::new(Vec::new()));
         let mut group = logged(&["a", "b"], &log);
-        let (mut stubborn, _remote) = scripted("stubborn", &live);
-        stubborn.ignore_cancel = true;
+        let (stubborn, _remote) = stubborn("stubborn", &live);
         group.add(Task::builder("c").unit(stubborn).spawn().unwrap());
         for task in group.tasks() {
             task.wait_for_stage(|s| s == Stage::Running).await;

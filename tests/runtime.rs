@@ -6,7 +6,7 @@ mod support;
 
 use std::time::Duration;
 
-use support::{scripted, Check, Instant, Live, Order};
+use support::{scripted, stubborn, Check, Instant, Live, Order};
 use taskstage::{BuildError, Command, Error, Outcome, Refusal, Stage, Task};
 
 async fn paused_or_finished(handle: &taskstage::Handle) -> taskstage::TaskSnapshot {
@@ -470,8 +470,7 @@ async fn dropping_the_last_handle_aborts_a_unit_that_ignores_cancellation() {
         support::PAUSED_BOUND,
         async move {
             let live = Live::new();
-            let (mut unit, _remote) = scripted("stubborn", &live);
-            unit.ignore_cancel = true;
+            let (unit, _remote) = stubborn("stubborn", &live);
             let handle = Task::builder("t")
                 .unit(unit)
                 .stop_grace(Duration::from_secs(5))
@@ -500,8 +499,7 @@ fn shutting_the_runtime_down_never_hangs_and_drops_every_run() {
         .build()
         .unwrap();
     let handle = runtime.block_on(async {
-        let (mut stubborn, _r1) = scripted("stubborn", &live);
-        stubborn.ignore_cancel = true;
+        let (stubborn, _r1) = stubborn("stubborn", &live);
         let (polite, _r2) = scripted("polite", &live);
         let a = Task::builder("a").unit(stubborn).spawn().unwrap();
         let b = Task::builder("b").unit(polite).spawn().unwrap();
@@ -590,8 +588,7 @@ async fn pause_of_a_unit_that_ignores_cancellation_times_out_and_stays_pausing()
         support::PAUSED_BOUND,
         async move {
             let live = Live::new();
-            let (mut unit, remote) = scripted("stubborn", &live);
-            unit.ignore_cancel = true;
+            let (unit, remote) = stubborn("stubborn", &live);
             let handle = Task::builder("t").unit(unit).spawn().unwrap();
             handle.wait_for_stage(|s| s == Stage::Running).await;
             let err = handle
@@ -631,8 +628,7 @@ async fn stop_aborts_a_unit_that_ignores_cancellation_and_reports_stopped_once_i
         support::PAUSED_BOUND,
         async move {
             let live = Live::new();
-            let (mut unit, remote) = scripted("stubborn", &live);
-            unit.ignore_cancel = true;
+            let (unit, remote) = stubborn("stubborn", &live);
             let handle = Task::builder("t").unit(unit).spawn().unwrap();
             live.wait(|now, _| now == 1).await;
             let start = tokio::time::Instant::now();
@@ -659,8 +655,7 @@ async fn stop_aborts_a_stubborn_unit_on_the_multi_thread_runtime() {
         support::REAL_BOUND,
         async move {
             let live = Live::new();
-            let (mut unit, _remote) = scripted("stubborn", &live);
-            unit.ignore_cancel = true;
+            let (unit, _remote) = stubborn("stubborn", &live);
             let handle = Task::builder("t").unit(unit).spawn().unwrap();
             live.wait(|now, _| now == 1).await;
             let reached = handle.stop_within(Duration::from_millis(20)).await.unwrap();
@@ -674,8 +669,7 @@ async fn stop_aborts_a_stubborn_unit_on_the_multi_thread_runtime() {
 on_both_runtimes! {
     async fn a_pause_future_dropped_half_way_still_reaches_paused() {
         let live = Live::new();
-        let (mut unit, remote) = scripted("slow", &live);
-        unit.ignore_cancel = true;
+        let (unit, remote) = stubborn("slow", &live);
         let handle = Task::builder("t").unit(unit).spawn().unwrap();
         handle.wait_for_stage(|s| s == Stage::Running).await;
         {

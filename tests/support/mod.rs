@@ -124,6 +124,14 @@ impl Remote {
     }
 }
 
+/// A scripted unit that ignores its cancellation: its run returns only when told to,
+/// or when it is aborted.
+pub fn stubborn(name: &'static str, live: &Arc<Live>) -> (Scripted, Remote) {
+    let (mut unit, remote) = scripted(name, live);
+    unit.ignore_cancel = true;
+    (unit, remote)
+}
+
 pub fn scripted(name: &'static str, live: &Arc<Live>) -> (Scripted, Remote) {
     let (tx, rx) = mpsc::unbounded_channel();
     let check = Arc::new(Mutex::new(Check::Pass));
