@@ -123,7 +123,11 @@ impl Probe {
             Point::Reports(n) => n,
             _ => 0,
         };
-        lock(&self.state).armed = Some(Armed { at, remaining, hit });
+        let replaced = lock(&self.state)
+            .armed
+            .replace(Armed { at, remaining, hit });
+        // Dropping a hold's sender wakes its receiver: not under our lock.
+        drop(replaced);
         reached
     }
 

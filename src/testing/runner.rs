@@ -493,29 +493,38 @@ impl<S: Subject> Runner<S> {
             ..Config::default()
         };
         let mut runner = TestRunner::new_with_rng(config, rng(seed));
-        let last = Mutex::new(None);
-        // Schedules run, passing before the first failure, steps, skipped steps.
-        let ran = Mutex::new((0u32, None::<u32>, 0usize, 0usize));
+        let seen = Mutex::new(Seen::default());
         let result = runner.run(&strategy, |schedule| {
-            let outcome = self.run(&schedule);
-            let mut counts = lock(&ran);
-            counts.0 += 1;
-            match outcome {
+            // No lock of ours is held while a schedule runs or a failure is formatted
+            // (both run the user's code).
+            match self.run(&schedule) {
                 Ok(passed) => {
-                    counts.2 += schedule.len();
-                    counts.3 += passed.skipped;
+                    let mut seen = lock(&seen);
+                    seen.ran += 1;
+                    seen.steps += schedule.len();
+                    seen.skipped += passed.skipped;
                     Ok(())
                 }
                 Err(failure) => {
-                    let before = counts.0 - 1;
-                    counts.1.get_or_insert(before);
                     let text = failure.to_string();
-                    *lock(&last) = Some(failure);
+                    let mut seen = lock(&seen);
+                    let passing = seen.ran;
+                    seen.failed_after.get_or_insert(passing);
+                    seen.ran += 1;
+                    seen.last = Some(failure);
                     Err(TestCaseError::fail(text))
                 }
             }
         });
-        let (_, failed_after, steps, skipped) = *lock(&ran);
+        let Seen {
+            failed_after,
+            steps,
+            skipped,
+            last,
+            ..
+        } = seen
+            .into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         match result {
             Ok(()) => Ok(Summary {
                 cases: self.cases,
@@ -527,7 +536,7 @@ impl<S: Subject> Runner<S> {
             Err(TestError::Fail(_, minimal)) => {
                 // The last failure seen is the minimal schedule's, unless shrinking
                 // ended on a step back; then run the minimal one again for its own.
-                let failure = match lock(&last).take() {
+                let failure = match last {
                     Some(failure) if failure.schedule == minimal => failure,
                     other => match (self.run(&minimal), other) {
                         (Err(failure), _) => failure,
@@ -549,6 +558,17 @@ impl<S: Subject> Runner<S> {
             }
         }
     }
+}
+
+/// What [`Runner::check`]'s property saw: schedules run, the passing ones before the
+/// first failure, the steps and skipped steps of the passing ones, the last failure.
+#[derive(Default)]
+struct Seen {
+    ran: u32,
+    failed_after: Option<u32>,
+    steps: usize,
+    skipped: usize,
+    last: Option<Box<Failure>>,
 }
 
 /// Runs a shorter candidate gets in [`Runner::drop_steps`] before its step is kept.
