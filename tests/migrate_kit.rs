@@ -400,7 +400,8 @@ fn a_written_schedule_replays_on_the_real_units() {
     assert_eq!(passed.skipped, 0, "{}", passed.timeline);
     let timeline = passed.timeline.to_string();
     assert!(timeline.contains("task 2"), "{timeline}");
-    // The same script with the broken load fails.
+    // With the broken load, one pause in its gap (after the checkpoint, before the
+    // rows) is enough to fail.
     let failure = runner(true, 1)
         .run(
             &"after 10 reports: pause"

@@ -149,4 +149,4 @@ pub use self::runner::{
     End, Failure, Line, Passed, Report, Runner, Subject, Summary, Timeline, Violation,
 };
 pub use self::schedule::{Action, ParseError, ParseProblem, Point, Schedule, Step};
-pub use self::strategy::{ConfigError, Schedules};
+pub use self::strategy::{ConfigError, Schedules, MAX_STEPS};

@@ -68,7 +68,25 @@ pub enum ConfigError {
     /// The pipeline has no unit.
     #[error("a pipeline has at least 1 unit")]
     NoUnits,
+    /// More steps than a schedule may have.
+    #[error("a schedule has at most {limit} steps, not {max}")]
+    TooManySteps {
+        /// The most steps asked for.
+        max: usize,
+        /// The most a schedule may have.
+        limit: usize,
+    },
+    /// The weights of the points, or of the actions, add up to more than `u32::MAX`.
+    #[error("the {what} weights add up to more than {}", u32::MAX)]
+    WeightsOverflow {
+        /// `"point"` or `"action"`.
+        what: &'static str,
+    },
 }
+
+/// The most steps a schedule may have: a schedule is a script a person reads, and
+/// each step costs a run of the user's pipeline.
+pub const MAX_STEPS: usize = 1_000;
 
 impl Default for Schedules {
     fn default() -> Self {
@@ -187,6 +205,12 @@ impl Schedules {
         if min > max {
             return Err(ConfigError::EmptySteps { min, max });
         }
+        if max > MAX_STEPS {
+            return Err(ConfigError::TooManySteps {
+                max,
+                limit: MAX_STEPS,
+            });
+        }
         if self.units == 0 {
             return Err(ConfigError::NoUnits);
         }
@@ -222,8 +246,8 @@ impl Schedules {
                 (0..=self.max_update).prop_map(Action::Update).boxed(),
             ),
         ];
-        let point = weighted(points).ok_or(ConfigError::NoPoints)?;
-        let action = weighted(actions).ok_or(ConfigError::NoActions)?;
+        let point = weighted(points, "point")?.ok_or(ConfigError::NoPoints)?;
+        let action = weighted(actions, "action")?.ok_or(ConfigError::NoActions)?;
         let step = (point, action).prop_map(|(at, action)| Step { at, action });
         Ok(vec(step, min..=max).prop_map(Schedule::new).boxed())
     }
@@ -246,15 +270,24 @@ impl Schedules {
 }
 
 /// The union of the options with a weight above 0, or `None` if there is none.
+///
+/// # Errors
+///
+/// [`ConfigError::WeightsOverflow`] if the weights add up to more than `u32::MAX`
+/// (proptest's union would panic).
 fn weighted<T: std::fmt::Debug + 'static>(
     options: Vec<(u32, BoxedStrategy<T>)>,
-) -> Option<BoxedStrategy<T>> {
+    what: &'static str,
+) -> Result<Option<BoxedStrategy<T>>, ConfigError> {
     let options: Vec<_> = options.into_iter().filter(|(w, _)| *w > 0).collect();
-    if options.is_empty() {
-        None
-    } else {
-        Some(Union::new_weighted(options).boxed())
+    if options
+        .iter()
+        .try_fold(0u32, |sum, (w, _)| sum.checked_add(*w))
+        .is_none()
+    {
+        return Err(ConfigError::WeightsOverflow { what });
     }
+    Ok((!options.is_empty()).then(|| Union::new_weighted(options).boxed()))
 }
 
 /// A deterministic proptest RNG from a 64-bit seed.
@@ -319,6 +352,21 @@ mod tests {
         assert_eq!(
             empty.strategy().err(),
             Some(ConfigError::EmptySteps { min: 3, max: 2 })
+        );
+        assert_eq!(
+            Schedules::new().steps(0..=usize::MAX).strategy().err(),
+            Some(ConfigError::TooManySteps {
+                max: usize::MAX,
+                limit: MAX_STEPS
+            })
+        );
+        assert_eq!(
+            Schedules::new()
+                .pause_weight(u32::MAX)
+                .resume_weight(1)
+                .strategy()
+                .err(),
+            Some(ConfigError::WeightsOverflow { what: "action" })
         );
         let no_points = Schedules::new()
             .reports_weight(0)
