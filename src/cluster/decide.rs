@@ -145,9 +145,22 @@ pub fn stop_at(sent: u64, ttl: u64, rho_permille: u64, stop_bound: u64) -> u64 {
     sent.saturating_add(usable).saturating_sub(stop_bound)
 }
 
+/// Whether the lease still allows local runs at `now`: its `stop_at` is known and not
+/// reached (invariants 1 and 2).
+pub fn lease_allows(now: u64, stop_at: Option<u64>) -> bool {
+    stop_at.is_some_and(|deadline| now < deadline)
+}
+
+/// Whether a local task in `stage` is fenced once the lease no longer allows runs:
+/// every task that is not terminal, New and Paused included, so that a resume decided
+/// just before the deadline finds its task stopping rather than starts a run.
+pub fn must_fence(stage: Stage) -> bool {
+    !stage.is_terminal()
+}
+
 /// Decides what to do about one task. Pure: see the module docs.
 pub fn decide(view: &TaskView) -> Option<Action> {
-    let lease_ok = view.stop_at.is_some_and(|deadline| view.now < deadline);
+    let lease_ok = lease_allows(view.now, view.stop_at);
     let may_run = lease_ok && !view.fence_rejected && view.ownership == Ownership::Mine;
 
     let Some(local) = view.local else {
@@ -164,7 +177,7 @@ pub fn decide(view: &TaskView) -> Option<Action> {
 
     if !may_run {
         // Invariant 2.
-        return if local.stage.is_terminal() {
+        return if !must_fence(local.stage) {
             Some(Action::Drop)
         } else if view.stopping {
             None

@@ -651,15 +651,7 @@ async fn reconcile(
             wind_down(&inner, &mut slots).await;
             return Ok(());
         }
-        let lease = if inner.unfenced {
-            // Test-only: a lease that never ends, whatever the store says.
-            let _ = lease_rx.borrow_and_update();
-            LeaseState {
-                stop_at: Some(u64::MAX),
-            }
-        } else {
-            *lease_rx.borrow_and_update()
-        };
+        let mut lease = lease_now(&inner, &mut lease_rx);
         let listing = within(
             inner.op_timeout,
             "list tasks",
@@ -679,6 +671,9 @@ async fn reconcile(
             .chain(slots.keys().cloned())
             .collect();
         for task in ids {
+            // Read again for every task: the listing may have taken a store call's
+            // deadline, and a lease lost meanwhile must reach the next decision.
+            lease = lease_now(&inner, &mut lease_rx);
             let record = records.as_ref().and_then(|r| r.get(&task));
             step(
                 &inner,
@@ -722,12 +717,27 @@ async fn reconcile(
 
 /// The lease deadline's own enforcer, beside the reconcile loop.
 ///
+/// The lease state the reconcile loop decides with now.
+fn lease_now(inner: &Inner, lease_rx: &mut watch::Receiver<LeaseState>) -> LeaseState {
+    let lease = *lease_rx.borrow_and_update();
+    if inner.unfenced {
+        // Test-only: a lease that never ends, whatever the store says.
+        LeaseState {
+            stop_at: Some(u64::MAX),
+        }
+    } else {
+        lease
+    }
+}
+
 /// The reconcile loop decides the fence at the deadline (decide, invariant 2), but
 /// only once it gets there: a store call that started just before the deadline can
 /// hold it for a whole call deadline past it (the fault tests caught a worker cut off
 /// from etcd still running its task when another worker had started it). This task
 /// waits for nothing but the clock and the lease state: from `stop_at` on, it stops
-/// every local run that may be alive (escalating to abort after the grace), again
+/// every local task that `decide` would fence and that is not stopping yet (New and
+/// Paused included, so that a resume issued just after the deadline is refused;
+/// escalating to abort after the grace), again
 /// every resync until the lease is extended or the worker ends. The handles come
 /// from the view the reconcile loop publishes after each step.
 async fn guard(
@@ -738,7 +748,10 @@ async fn guard(
     // Bounded by the worker's life: it ends with the shutdown token, or is aborted.
     loop {
         let lease = *lease_rx.borrow_and_update();
-        if let Some(ms) = lease.stop_at.filter(|ms| inner.now_ms() < *ms) {
+        if let Some(ms) = lease
+            .stop_at
+            .filter(|ms| decide::lease_allows(inner.now_ms(), Some(*ms)))
+        {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = lease_rx.changed() => {}
@@ -750,7 +763,11 @@ async fn guard(
             .view()
             .values()
             .filter_map(|held| held.handle.clone())
-            .filter(|handle| handle.stage().run_may_be_alive())
+            // The tasks decide fences (invariant 2), but for those already stopping.
+            .filter(|handle| {
+                let stage = handle.stage();
+                decide::must_fence(stage) && stage != Stage::Stopping
+            })
             .collect();
         for handle in handles {
             tracing::info!(worker = %inner.id, task = handle.name(), "lease deadline: stopping the local run");
