@@ -355,13 +355,12 @@ impl Fleet {
         }
     }
 
-    /// The last checkpoint number written to `task` (0 if none).
-    async fn writes(&self, task: &str) -> u64 {
+    /// The last checkpoint number written to `task` (0 if none), or `None` if the
+    /// store could not be read.
+    async fn writes(&self, task: &str) -> Option<u64> {
         let key = format!("{PREFIX}/tasks/{task}/checkpoint/pos");
-        let Ok(listing) = self.coord.list(key.clone()).await else {
-            return 0;
-        };
-        listing
+        let listing = self.coord.list(key.clone()).await.ok()?;
+        let pos = listing
             .get(&key)
             .and_then(|kv| {
                 String::from_utf8_lossy(&kv.value)
@@ -370,13 +369,14 @@ impl Fleet {
                     .parse()
                     .ok()
             })
-            .unwrap_or(0)
+            .unwrap_or(0);
+        Some(pos)
     }
 
     async fn written(&self, task: &str, n: u64) {
         let deadline = Instant::now() + LIVENESS;
         // Bounded by the deadline, polling every 20 ms.
-        while self.writes(task).await < n {
+        while self.writes(task).await.unwrap_or(0) < n {
             assert!(
                 Instant::now() < deadline,
                 "{task}: no {n} writes within {LIVENESS:?}"
@@ -411,7 +411,7 @@ impl Fleet {
     }
 
     /// Waits for `until` to hold of the history, for at most `within`.
-    fn history_shows(&self, within: Duration, what: &str, until: impl Fn(&History) -> bool) {
+    async fn history_shows(&self, within: Duration, what: &str, until: impl Fn(&History) -> bool) {
         let deadline = Instant::now() + within;
         // Bounded by the deadline, polling every 20 ms.
         loop {
@@ -422,7 +422,7 @@ impl Fleet {
                 Instant::now() < deadline,
                 "{what} never showed within {within:?}"
             );
-            std::thread::sleep(Duration::from_millis(20));
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 }
@@ -498,13 +498,17 @@ async fn owner_frozen_past_its_lease(unfenced: bool) -> Option<(Verdict, Duratio
         // Nothing stops the thawed owner: wait until a write of it lands later than
         // a fenced owner would have been allowed to run.
         let late = thawed + THAW_ALLOWANCE.as_nanos() as u64;
-        fleet.history_shows(LIVENESS, "a late write of the thawed owner", |h| {
-            h.accepted_writes_since("w1", late) > 0
-        });
+        fleet
+            .history_shows(LIVENESS, "a late write of the thawed owner", |h| {
+                h.accepted_writes_since("w1", late) > 0
+            })
+            .await;
     } else {
-        fleet.history_shows(LIVENESS, "the thawed owner's run dropped", |h| {
-            h.alive_runs_of(w1) == 0
-        });
+        fleet
+            .history_shows(LIVENESS, "the thawed owner's run dropped", |h| {
+                h.alive_runs_of(w1) == 0
+            })
+            .await;
         fleet.answered("t", LIVENESS, is("w2")).await;
     }
     Some((fleet.verdict(&tasks(&["t"])).await, takeover))
@@ -512,11 +516,11 @@ async fn owner_frozen_past_its_lease(unfenced: bool) -> Option<(Verdict, Duratio
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_owner_frozen_past_its_lease_is_replaced_and_its_late_writes_are_rejected() {
-    let Some((verdict, takeover)) = owner_frozen_past_its_lease(false).await else {
+    // The takeover's bound (LIVENESS) was asserted by `answered`; its figure is printed.
+    let Some((verdict, _takeover)) = owner_frozen_past_its_lease(false).await else {
         return;
     };
     assert_passed(&verdict);
-    assert!(takeover <= LIVENESS);
     // The frozen run was alive (not dropped) when w2 started: the documented limit,
     // counted as ended at the freeze because it ended promptly after the thaw.
     assert_eq!(verdict.frozen, 1, "{verdict}");
@@ -565,7 +569,11 @@ async fn an_owner_killed_mid_run_is_replaced_within_the_bound() {
     fleet.kill("w1");
     let takeover = fleet.answered("t", LIVENESS, is("w2")).await;
     eprintln!("figure: takeover after kill -9 of the owner (TTL {TTL:?}): {takeover:?}");
-    let before = fleet.writes("t").await;
+    // Read, not assumed: a failed read must not make the wait below vacuous.
+    let before = fleet
+        .writes("t")
+        .await
+        .expect("the checkpoint can be read after a worker's death");
     fleet.written("t", before + 3).await;
     let verdict = fleet.verdict(&tasks(&["t"])).await;
     assert_passed(&verdict);
@@ -602,7 +610,9 @@ async fn a_worker_cut_off_from_etcd_stops_its_run_before_another_starts() {
     assert_eq!(cluster.side_ports_answering(), 3, "after the heal");
     // Its lease is gone: it finds out, and joins again.
     let w1 = fleet.pid("w1");
-    fleet.history_shows(LIVENESS, "w1's run dropped", |h| h.alive_runs_of(w1) == 0);
+    fleet
+        .history_shows(LIVENESS, "w1's run dropped", |h| h.alive_runs_of(w1) == 0)
+        .await;
     fleet.answered("t", LIVENESS, is("w2")).await;
     let verdict = fleet.verdict(&tasks(&["t"])).await;
     // No freeze here: the cut-off owner stopped its run before its lease could
@@ -939,7 +949,12 @@ async fn figures_a_cluster_wide_pause_against_a_local_one() {
         .expect("a local task");
     let mut local_pauses = Vec::new();
     for _ in 0..N {
-        local.wait_for_stage(|s| s == Stage::Running).await;
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            local.wait_for_stage(|s| s == Stage::Running),
+        )
+        .await
+        .expect("the local task runs again within 5 s of its resume");
         let asked = Instant::now();
         let stage = local
             .pause_within(Duration::from_secs(5))

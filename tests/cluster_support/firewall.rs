@@ -44,10 +44,11 @@ fn binary() -> std::path::PathBuf {
     on_path.unwrap_or_else(|| std::path::PathBuf::from("/usr/sbin/iptables"))
 }
 
-/// Runs `iptables -w` with `args`; the error says what failed.
+/// Runs `iptables -w 5` with `args` (waiting at most 5 s for the xtables lock); the
+/// error says what failed.
 fn iptables(args: &[String]) -> Result<(), String> {
     let output = Command::new(binary())
-        .arg("-w")
+        .args(["-w", "5"])
         .args(args)
         .output()
         .map_err(|e| format!("iptables could not be started: {e}"))?;
