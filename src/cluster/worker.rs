@@ -717,6 +717,16 @@ async fn reconcile(
 
 /// The lease deadline's own enforcer, beside the reconcile loop.
 ///
+/// Stops `handle`'s task in the background, escalating to abort after the grace (the
+/// stop bound's first half), and wakes the reconcile loop when it is done.
+fn spawn_stop(inner: &Inner, handle: Handle) -> JoinHandle<()> {
+    let (grace, wake) = (inner.grace, Arc::clone(&inner.wake));
+    tokio::spawn(async move {
+        let _ = handle.stop_within(grace).await;
+        wake.notify_one();
+    })
+}
+
 /// The lease state the reconcile loop decides with now.
 fn lease_now(inner: &Inner, lease_rx: &mut watch::Receiver<LeaseState>) -> LeaseState {
     let lease = *lease_rx.borrow_and_update();
@@ -771,12 +781,7 @@ async fn guard(
             .collect();
         for handle in handles {
             tracing::info!(worker = %inner.id, task = handle.name(), "lease deadline: stopping the local run");
-            let (grace, wake) = (inner.grace, Arc::clone(&inner.wake));
-            tokio::spawn(async move {
-                // Escalates to abort after `grace` (the stop bound's first half).
-                let _ = handle.stop_within(grace).await;
-                wake.notify_one();
-            });
+            drop(spawn_stop(&inner, handle));
         }
         tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -941,20 +946,13 @@ async fn step(
         }
         Action::Stop | Action::Fence => {
             if let Some(running) = slots.get_mut(task).and_then(|s| s.task.as_mut()) {
-                let handle = running.handle.clone();
-                let grace = inner.grace;
-                let wake = Arc::clone(&inner.wake);
                 let why = if action == Action::Fence {
                     "fence"
                 } else {
                     "stop"
                 };
                 tracing::info!(worker = %inner.id, %task, why, "stopping the local run");
-                running.stopping = Some(tokio::spawn(async move {
-                    // Escalates to abort after `grace` (the stop bound's first half).
-                    let _ = handle.stop_within(grace).await;
-                    wake.notify_one();
-                }));
+                running.stopping = Some(spawn_stop(inner, running.handle.clone()));
             }
         }
         Action::Drop => {
