@@ -843,15 +843,21 @@ impl<S: Subject> Driver<S> {
             }
         };
         if stage.is_at_rest() {
-            if let Some(live) = self.probe.live().into_iter().next() {
-                return Err(Violation::LiveAfterCommand {
-                    command,
-                    stage,
-                    live,
-                });
-            }
+            self.nothing_live(command, stage)?;
         }
         Ok(stage.to_string())
+    }
+
+    /// A rest stage was reached (by `command`): no run or check may be alive.
+    fn nothing_live(&self, command: Command, stage: Stage) -> Result<(), Violation> {
+        match self.probe.live().into_iter().next() {
+            Some(live) => Err(Violation::LiveAfterCommand {
+                command,
+                stage,
+                live,
+            }),
+            None => Ok(()),
+        }
     }
 
     /// After the schedule: resumes a task left paused, waits for its end, and checks
@@ -868,13 +874,7 @@ impl<S: Subject> Driver<S> {
             break snapshot;
         };
         self.overlap()?;
-        if let Some(live) = self.probe.live().into_iter().next() {
-            return Err(Violation::LiveAfterCommand {
-                command: Command::Resume,
-                stage: end.stage,
-                live,
-            });
-        }
+        self.nothing_live(Command::Resume, end.stage)?;
         let expected = if self.stopped {
             Stage::Stopped
         } else {
