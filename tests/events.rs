@@ -2,6 +2,7 @@
 
 mod support;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use taskstage::{Change, Event, Events, Handle, RunContext, RunError, RunExit, Stage, Task, Unit};
@@ -143,5 +144,77 @@ async fn a_stream_does_not_keep_its_task_alive() {
             Stage::Stopped
         ],
         "dropping the last handle stops the task"
+    );
+}
+
+/// A stream made on a task that is already terminal ends at once: it has nothing to
+/// wait for (docs/events.md: the stream ends after the first terminal stage).
+#[tokio::test(flavor = "current_thread")]
+async fn a_stream_made_on_a_terminal_task_ends_at_once() {
+    let finished = Task::builder("done")
+        .unit(support::Instant("once"))
+        .spawn()
+        .unwrap();
+    finished.wait_for_stage(|s| s == Stage::Finished).await;
+    let mut events = finished.events();
+    assert!(
+        next(&mut events, "the end of a finished task's stream")
+            .await
+            .is_none(),
+        "a finished task's stream delivered an event"
+    );
+
+    let stopped = Task::builder("stopped")
+        .unit(UntilCancelled)
+        .spawn()
+        .unwrap();
+    assert_eq!(stopped.stop().await.unwrap(), Stage::Stopped);
+    let mut events = stopped.events();
+    assert!(next(&mut events, "the end of a stopped task's stream")
+        .await
+        .is_none());
+}
+
+/// A unit's `close()` is user code that may block its thread: `stop_now` and the last
+/// handle's drop issue the stop and return without running it (docs/events.md:
+/// commands that never block).
+#[tokio::test(flavor = "current_thread")]
+async fn stop_now_and_the_last_drop_do_not_run_close_in_the_caller() {
+    let gate = support::Gate::new(usize::MAX);
+    let task = Task::builder("flush")
+        .unit(support::SlowClose(Arc::clone(&gate)))
+        .spawn()
+        .unwrap();
+    task.wait_for_stage(|s| s == Stage::Running).await;
+    assert_eq!(task.pause().await.unwrap(), Stage::Paused);
+    let settling = task.stop_now().unwrap();
+    // Only a close running elsewhere can be let through by this line.
+    gate.open();
+    assert_eq!(settling.await.unwrap(), Stage::Stopped);
+    assert_eq!(
+        gate.late(),
+        0,
+        "stop_now ran the unit's close in its caller"
+    );
+
+    let gate = support::Gate::new(usize::MAX);
+    let task = Task::builder("flush-on-drop")
+        .unit(support::SlowClose(Arc::clone(&gate)))
+        .spawn()
+        .unwrap();
+    task.wait_for_stage(|s| s == Stage::Running).await;
+    assert_eq!(task.pause().await.unwrap(), Stage::Paused);
+    let mut events = task.events();
+    drop(task);
+    gate.open();
+    let mut last = None;
+    while let Some(event) = next(&mut events, "the dropped task's end").await {
+        last = Some(change(Some(event)).stage);
+    }
+    assert_eq!(last, Some(Stage::Stopped));
+    assert_eq!(
+        gate.late(),
+        0,
+        "dropping the last handle ran close in the dropper"
     );
 }

@@ -185,3 +185,74 @@ async fn dropping_the_group_stops_its_tasks() {
     })
     .await;
 }
+
+/// Ten tasks at rest whose closes block their threads: `stop_all` issues every stop
+/// without running a close, and its one deadline bounds the whole call; the closes
+/// run side by side (each waits at a gate that opens only when all ten wait), and the
+/// tasks still closing at the deadline are named as stuck in Stopping.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_all_shares_one_deadline_over_closes_that_block() {
+    let gate = support::Gate::new(usize::MAX);
+    let mut group = TaskGroup::new();
+    for _ in 0..10 {
+        let task = Task::builder("flush")
+            .unit(support::SlowClose(Arc::clone(&gate)))
+            .spawn_paused()
+            .unwrap();
+        group.add(task);
+    }
+    let deadline = Duration::from_millis(300);
+    let report = group.stop_all(deadline, StopOrder::AllAtOnce).await;
+    // Before the gate opens: every close is still blocked, so every task is stuck.
+    assert_eq!(report.stuck().count(), 10, "{report}");
+    assert!(
+        report.stuck().all(|s| s.stage == Stage::Stopping),
+        "{report}"
+    );
+    gate.open();
+    assert_eq!(gate.late(), 0, "a close ran in the caller of stop_all");
+    let stopped = group
+        .stop_all(Duration::from_secs(10), StopOrder::AllAtOnce)
+        .await;
+    assert!(stopped.all_reached(Stage::Stopped), "{stopped}");
+    assert_eq!(gate.arrived(), 10);
+}
+
+/// The closes of a group's stops run at once, not one after another: each waits at a
+/// gate that opens only when all ten are waiting.
+#[tokio::test(flavor = "current_thread")]
+async fn a_groups_closes_run_side_by_side() {
+    let gate = support::Gate::new(10);
+    let mut group = TaskGroup::new();
+    for _ in 0..10 {
+        let task = Task::builder("flush")
+            .unit(support::SlowClose(Arc::clone(&gate)))
+            .spawn_paused()
+            .unwrap();
+        group.add(task);
+    }
+    let stopped = group
+        .stop_all(Duration::from_secs(10), StopOrder::AllAtOnce)
+        .await;
+    assert!(stopped.all_reached(Stage::Stopped), "{stopped}");
+    assert_eq!(gate.late(), 0, "the closes ran one after another");
+}
+
+/// A group's merged stream over a task that is already terminal ends once the others'
+/// streams end (it waited forever on the finished task).
+#[tokio::test(flavor = "current_thread")]
+async fn the_merged_stream_ends_over_a_task_that_is_already_terminal() {
+    let mut group = TaskGroup::new();
+    let done = Task::builder("done")
+        .unit(support::Instant("once"))
+        .spawn()
+        .unwrap();
+    done.wait_for_stage(|s| s == Stage::Finished).await;
+    group.add(done);
+    let mut events = group.events();
+    let end = tokio::time::timeout(Duration::from_secs(10), events.next()).await;
+    assert!(
+        matches!(end, Ok(None)),
+        "the merged stream of a finished task did not end: {end:?}"
+    );
+}

@@ -807,3 +807,21 @@ on_both_runtimes! {
         );
     }
 }
+
+/// A runtime built without timers cannot bound a pause or abort a stubborn run after
+/// its grace period: spawning on it is refused with a typed error, instead of a later
+/// command panicking inside tokio.
+#[test]
+fn spawn_on_a_runtime_without_timers_is_refused() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async {
+        let spawned = Task::builder("no-timers").unit(Instant("x")).spawn();
+        let error = spawned.expect_err("spawn accepted a runtime without timers");
+        assert!(
+            error.to_string().contains("enable_time"),
+            "the error does not say what to do: {error}"
+        );
+    });
+}

@@ -253,3 +253,78 @@ macro_rules! on_both_runtimes {
         }
     };
 }
+
+/// A gate that units' `close()` calls block their thread on, as a close that flushes
+/// to a slow disk would: each close waits until the gate is opened, or until `needed`
+/// closes are waiting at once, or until a bound passes, and counts which.
+#[derive(Debug)]
+pub struct Gate {
+    /// (closes that arrived, opened by the test)
+    state: Mutex<(usize, bool)>,
+    changed: std::sync::Condvar,
+    needed: usize,
+    late: AtomicUsize,
+}
+
+/// How long a close waits at a gate before it gives up and counts as late: far longer
+/// than any close that runs beside its caller needs, short enough that a close run
+/// inside its caller fails the test in seconds.
+pub const GATE_BOUND: std::time::Duration = std::time::Duration::from_secs(5);
+
+impl Gate {
+    /// A gate that opens when the test opens it, or once `needed` closes wait at it.
+    pub fn new(needed: usize) -> Arc<Gate> {
+        Arc::new(Gate {
+            state: Mutex::new((0, false)),
+            changed: std::sync::Condvar::new(),
+            needed,
+            late: AtomicUsize::new(0),
+        })
+    }
+
+    /// Blocks the calling thread at the gate (what a unit's close does).
+    pub fn pass(&self) {
+        let mut state = self.state.lock().unwrap();
+        state.0 += 1;
+        self.changed.notify_all();
+        let (_state, waited) = self
+            .changed
+            .wait_timeout_while(state, GATE_BOUND, |s| !s.1 && s.0 < self.needed)
+            .unwrap();
+        if waited.timed_out() {
+            self.late.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Opens the gate for every close, waiting or to come.
+    pub fn open(&self) {
+        self.state.lock().unwrap().1 = true;
+        self.changed.notify_all();
+    }
+
+    /// How many closes have arrived at the gate.
+    pub fn arrived(&self) -> usize {
+        self.state.lock().unwrap().0
+    }
+
+    /// How many closes gave up waiting: each was run where nothing could open the
+    /// gate (in the caller of a command, or one after another).
+    pub fn late(&self) -> usize {
+        self.late.load(Ordering::SeqCst)
+    }
+}
+
+/// A unit that runs until cancelled and whose `close()` blocks its thread at a gate.
+#[derive(Debug)]
+pub struct SlowClose(pub Arc<Gate>);
+
+impl Unit for SlowClose {
+    async fn run(&mut self, ctx: RunContext) -> Result<RunExit, RunError> {
+        ctx.cancelled().await;
+        Ok(RunExit::Cancelled)
+    }
+
+    fn close(&mut self) {
+        self.0.pass();
+    }
+}
