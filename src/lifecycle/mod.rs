@@ -665,15 +665,23 @@ impl<K: CancelHandle, C, U> Lifecycle<K, C, U> {
     }
 
     /// Starts journaling changes (keeping at least `capacity` of them), and returns the
-    /// change counter a new reader starts after: it will read every change from the
-    /// next one on.
-    pub fn subscribe_changes(&self, capacity: usize) -> u64 {
+    /// change counter a new reader starts after (it will read every change from the
+    /// next one on) and whether the reader has already ended: a task that is terminal
+    /// when the reader subscribes has no change left to deliver, so its reader ends at
+    /// once (a reader ends after the first terminal stage, whether it read it or the
+    /// stage was there before it).
+    pub fn subscribe_changes(&self, capacity: usize) -> (u64, bool) {
         let mut state = lock(&self.state);
+        // Read under the lock that every change takes: a terminal stage published
+        // after this point is journaled and read like any change.
+        if state.stage.is_terminal() {
+            return (state.seq, true);
+        }
         match &mut state.journal {
             Some(journal) => journal.reserve(capacity),
             None => state.journal = Some(Journal::new(capacity)),
         }
-        state.seq
+        (state.seq, false)
     }
 
     /// Polls for the journal entry after change `*seen`, for a reader registered as

@@ -20,7 +20,8 @@ pub const DEFAULT_EVENT_CAPACITY: usize = 1024;
 /// Reads the task's journal, which the lifecycle writes in the critical section of
 /// each change, so the order is the lifecycle's and nothing is missing: consecutive
 /// changes come with consecutive [`Change::seq`] numbers, and a reader that fell too
-/// far behind gets [`Event::Lagged`]. Ends after the first terminal stage.
+/// far behind gets [`Event::Lagged`]. Ends after the first terminal stage; a stream
+/// made on a task that is already terminal ends at once.
 #[must_use = "streams do nothing unless polled"]
 pub struct Events<C: Send + Sync + 'static = ()> {
     shared: Arc<Shared<C>>,
@@ -41,11 +42,11 @@ impl<C: Send + Sync + 'static> fmt::Debug for Events<C> {
 
 impl<C: Send + Sync + 'static> Events<C> {
     pub(crate) fn new(shared: Arc<Shared<C>>, capacity: usize) -> Self {
-        let seen = shared.core().subscribe_changes(capacity);
+        let (seen, ended) = shared.core().subscribe_changes(capacity);
         Events {
             shared,
             seen,
-            ended: false,
+            ended,
             id: None,
         }
     }
