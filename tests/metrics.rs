@@ -84,8 +84,10 @@ fn a_scripted_scenario_is_reported_through_the_facade() {
         .start_paused(true)
         .build()
         .unwrap();
-    // A recorder local to this thread; the runtime runs every task on it.
-    metrics::with_local_recorder(&recorder, || {
+    // The process's recorder, as an application installs it: a stop's closes, and
+    // the Stopped they lead to, are published from tokio's blocking pool.
+    metrics::set_global_recorder(recorder).expect("the only recorder of this test binary");
+    {
         runtime.block_on(async {
             let settings =
                 BackoffSettings::new(Duration::from_secs(1), Duration::from_secs(60), 2.0).unwrap();
@@ -106,7 +108,16 @@ fn a_scripted_scenario_is_reported_through_the_facade() {
                 .expect("auto-resumed");
             assert!(task.resume().await.is_err(), "resume refused while Running");
             assert_eq!(task.pause().await.unwrap(), Stage::Paused);
+            let mut observed = task.subscribe();
             assert_eq!(task.stop().await.unwrap(), Stage::Stopped);
+            // Observers are told after the core published: the metrics first, then
+            // the subscribers, from the thread that made the change (for a stop, the
+            // blocking pool's, after the closes). Wait for the subscriber's view.
+            let told = observed.wait_for(|event| event.stage == Stage::Stopped);
+            tokio::time::timeout(Duration::from_secs(3600), told)
+                .await
+                .expect("the subscriber was told of Stopped")
+                .expect("the task's channel is open");
             assert!(task.pause().await.is_err(), "pause refused in Stopped");
 
             let seen: Seen = snapshotter
@@ -165,7 +176,7 @@ fn a_scripted_scenario_is_reported_through_the_facade() {
             assert_eq!(counter(s, "taskstage_auto_resumes_total", &[]), 1);
             drop(task);
         });
-    });
+    }
     // A task counts until it is gone: its drop takes it off the Stopped gauge (the
     // snapshot above reset the gauge to 0, so the drop shows as -1 here).
     drop(runtime);

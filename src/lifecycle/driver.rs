@@ -115,6 +115,17 @@ pub trait Runtime: Send + Sync + Sized + 'static {
     fn retired(&self, stage: crate::stage::Stage) {
         let _ = stage;
     }
+    /// Runs `closes` (units' `close()`, user code that may block its thread, then the
+    /// report that publishes Stopped) apart from the caller, so that a command, a drop
+    /// or a group's stop never waits for a unit's close. `closes` does its work when
+    /// it is called or when it is dropped uncalled, so a runtime that drops it (one
+    /// shutting down) still closes every unit.
+    ///
+    /// The default calls it at once, in the caller: the loom models' runtime, whose
+    /// models check the order of the closes and the report inside `closes`.
+    fn spawn_closes<F: FnOnce() + Send + 'static>(&self, closes: F) {
+        closes();
+    }
 }
 
 /// A task: its lifecycle core and the runtime its checks and runs are spawned on.
@@ -265,10 +276,13 @@ where
                 return;
             }
             // Invariant 9b: every close returns before the report that publishes
-            // Stopped.
-            close_all(units);
-            let closed = this.core.report_closed(generation);
-            Self::carry_out(this, closed);
+            // Stopped; both are done by the guard, wherever the runtime runs it.
+            let closes = Closes {
+                driver: Arc::clone(this),
+                units,
+                generation,
+            };
+            this.runtime.spawn_closes(move || drop(closes));
         }
     }
 
@@ -301,6 +315,37 @@ where
             StartKind::Prepare => self.core.report_prepared(generation, exit, held),
             StartKind::Launch => self.core.report_exit(generation, exit, held),
         }
+    }
+}
+
+/// The closes of a stop and the report that follows them, owned until done.
+///
+/// All the work is in its `Drop`: whether the runtime calls the closure that owns it
+/// or drops that closure uncalled (a runtime shutting down), every unit is closed and
+/// Stopped is published after the last close returned (invariants 4 and 9b).
+struct Closes<K, C, U, R>
+where
+    K: CancelHandle,
+    C: Send + Sync + 'static,
+    U: Work<K, C>,
+    R: Runtime,
+{
+    driver: Arc<Driver<K, C, U, R>>,
+    units: Vec<U>,
+    generation: u64,
+}
+
+impl<K, C, U, R> Drop for Closes<K, C, U, R>
+where
+    K: CancelHandle,
+    C: Send + Sync + 'static,
+    U: Work<K, C>,
+    R: Runtime,
+{
+    fn drop(&mut self) {
+        close_all(std::mem::take(&mut self.units));
+        let closed = self.driver.core.report_closed(self.generation);
+        Driver::carry_out(&self.driver, closed);
     }
 }
 

@@ -208,6 +208,14 @@ impl Runtime for Tokio {
         }
     }
 
+    fn spawn_closes<F: FnOnce() + Send + 'static>(&self, closes: F) {
+        // `close()` is synchronous user code that may block its thread (a flush to a
+        // slow disk): tokio's blocking pool, never the caller's thread or an
+        // executor's. A runtime shutting down drops `closes` uncalled, which still
+        // closes the units (see `Runtime::spawn_closes`).
+        drop(self.runtime.spawn_blocking(closes));
+    }
+
     fn refused(&self, error: &crate::error::Error) {
         super::metrics::refused(error.command(), error.stage());
     }

@@ -211,6 +211,11 @@ pub trait Unit<C = ()>: Send + 'static {
     }
 
     /// Releases the unit's resources: after it completed, or when the task stops.
+    ///
+    /// It may block its thread (a flush, a file sync): the closes of a stop run on
+    /// tokio's blocking pool, never in the caller of a command or of a drop, and the
+    /// stage stays Stopping until every one has returned. The close of a unit that
+    /// completed runs in its run's task, before the next unit starts.
     fn close(&mut self) {}
 }
 
