@@ -138,6 +138,13 @@ pub enum BuildError {
     /// The task was built outside a tokio runtime, so there is nowhere to run it.
     #[error("a task must be spawned from within a tokio runtime")]
     NoRuntime,
+    /// The tokio runtime was built without timers: nothing could bound a pause's
+    /// wait or abort a run that ignores its stop after the grace period.
+    #[error(
+        "a task needs a tokio runtime with timers: call `enable_time` (or `enable_all`) \
+         on the runtime builder"
+    )]
+    NoTimers,
 }
 
 /// The error a run (or a pre-start check) returned, kept as the task's outcome.

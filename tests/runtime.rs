@@ -819,6 +819,7 @@ fn spawn_on_a_runtime_without_timers_is_refused() {
     runtime.block_on(async {
         let spawned = Task::builder("no-timers").unit(Instant("x")).spawn();
         let error = spawned.expect_err("spawn accepted a runtime without timers");
+        assert_eq!(error, BuildError::NoTimers);
         assert!(
             error.to_string().contains("enable_time"),
             "the error does not say what to do: {error}"

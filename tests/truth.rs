@@ -363,6 +363,7 @@ fn a_wait_for_predicate_may_use_the_handle_multi_thread() {
 #[test]
 fn a_start_dropped_before_its_first_poll_is_still_reported() {
     let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
         .build()
         .unwrap();
     let closed = Arc::new(AtomicUsize::new(0));

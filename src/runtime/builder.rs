@@ -113,7 +113,8 @@ impl<C: Send + Sync + 'static> TaskBuilder<C> {
     /// # Errors
     ///
     /// [`BuildError::EmptyPipeline`] when no unit was added;
-    /// [`BuildError::NoRuntime`] outside a tokio runtime.
+    /// [`BuildError::NoRuntime`] outside a tokio runtime;
+    /// [`BuildError::NoTimers`] on a runtime built without timers.
     pub fn spawn(self) -> Result<Handle<C>, BuildError> {
         let handle = self.spawn_paused()?;
         // A task in New always accepts resume (see the table), so there is no error
@@ -133,6 +134,9 @@ impl<C: Send + Sync + 'static> TaskBuilder<C> {
             return Err(BuildError::EmptyPipeline);
         }
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| BuildError::NoRuntime)?;
+        if !timers_enabled() {
+            return Err(BuildError::NoTimers);
+        }
         let shared = Arc::new(new_task(self.name, self.units, self.config, runtime));
         Ok(Handle::new(
             shared,
@@ -141,4 +145,16 @@ impl<C: Send + Sync + 'static> TaskBuilder<C> {
             self.event_capacity,
         ))
     }
+}
+
+/// Whether the current tokio runtime has timers, which a task needs: a pause's wait is
+/// bounded by one, and a stop aborts a run that ignores it after its grace period.
+///
+/// tokio has no query for it; making a sleep on a runtime without timers panics at
+/// once, before anything is registered, so the probe catches that panic (tokio's
+/// panic message, which says to call `enable_time`, is printed by the panic hook).
+/// Under `panic = "abort"` a runtime without timers aborts here, at the spawn,
+/// instead of at a later command.
+fn timers_enabled() -> bool {
+    std::panic::catch_unwind(|| drop(tokio::time::sleep(Duration::ZERO))).is_ok()
 }
