@@ -35,7 +35,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
 use taskstage::cluster::{
-    ClusterError, Controller, DesiredStage, Fencer, MemoryCoordinator, TaskSpec, Worker,
+    ClusterError, Controller, DesiredStage, Fencer, MemoryCoordinator, TaskId, TaskSpec, Worker,
 };
 use taskstage::{RunContext, RunError, RunExit, Task, TaskBuilder, Unit};
 
@@ -541,4 +541,102 @@ async fn a_hanging_store_cannot_hold_a_run_past_the_lease_deadline() {
     }
     store.set_hanging(false);
     worker.crash().await;
+}
+
+/// Joins worker `id` on `store` under prefix `prefix`, running [`Live`] units that
+/// count into `live`.
+async fn join_live(
+    store: &MemoryCoordinator,
+    prefix: &str,
+    id: &str,
+    live: &Arc<std::sync::atomic::AtomicUsize>,
+) -> Worker {
+    let count = Arc::clone(live);
+    Worker::builder(store.clone(), prefix, id)
+        .ttl(Duration::from_secs(2))
+        .stop_bound(Duration::from_millis(600))
+        .resync(Duration::from_millis(200))
+        .join(move |spec| Ok(Task::builder(spec.task.as_str()).unit(Live(Arc::clone(&count)))))
+        .await
+        .expect("join on a reachable in-memory store")
+}
+
+/// Dropping a worker ends its guard of the lease, so it stops its runs first,
+/// whatever a caller holds of them: the run is gone long before the lease could
+/// expire, and the worker that takes the task over after the expiry never runs it
+/// beside the old run (the drop used to leave the run alive while a caller held its
+/// handle, and two runs were live once the lease expired).
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn dropping_a_worker_stops_its_runs_whatever_a_caller_holds() {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    let store = MemoryCoordinator::new();
+    let live = Arc::new(AtomicUsize::new(0));
+    let w1 = join_live(&store, "drop", "w1", &live).await;
+    let controller = Controller::new(store.clone(), "drop").expect("a controller");
+    controller
+        .create("t", Vec::new(), DesiredStage::Running)
+        .await
+        .expect("create");
+    controller
+        .resume_within("t", Duration::from_secs(10))
+        .await
+        .expect("running");
+    assert_eq!(live.load(SeqCst), 1);
+    let held = w1.handle(&TaskId::new("t").expect("a valid id"));
+    assert!(held.is_some(), "w1 runs the task");
+    let lease = w1.lease();
+    drop(w1);
+
+    // Far inside the lease's TTL (2 s): on the paused clock, polling every 10 ms.
+    let bound = tokio::time::Instant::now() + Duration::from_millis(500);
+    while live.load(SeqCst) > 0 {
+        assert!(
+            tokio::time::Instant::now() <= bound,
+            "the dropped worker's run was still alive 500 ms later"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(store.leases().contains(&lease), "the drop is not a revoke");
+
+    // After the lease expires, a new worker takes the task over: one run again.
+    store.expire_lease(lease);
+    let w2 = join_live(&store, "drop", "w2", &live).await;
+    controller
+        .resume_within("t", Duration::from_secs(10))
+        .await
+        .expect("w2 runs the task");
+    assert_eq!(live.load(SeqCst), 1, "two runs of one task");
+    drop(held);
+    w2.shutdown().await.expect("a clean shutdown");
+}
+
+/// Two incarnations of one worker id alive at once (one frozen past its lease came
+/// back and rejoined beside a fresh start): each is a member under its own lease, and
+/// the id stays listed while either lives.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_worker_id_stays_listed_while_any_incarnation_lives() {
+    let store = MemoryCoordinator::new();
+    let live = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let first = join_live(&store, "twice", "w1", &live).await;
+    let second = join_live(&store, "twice", "w1", &live).await;
+    let other = join_live(&store, "twice", "w2", &live).await;
+    let controller = Controller::new(store.clone(), "twice").expect("a controller");
+    let listed = controller.workers().await.expect("a listing");
+    let names: Vec<&str> = listed.iter().map(|w| w.as_str()).collect();
+    assert_eq!(names, ["w1", "w2"], "each id once");
+
+    store.expire_lease(second.lease());
+    let listed = controller.workers().await.expect("a listing");
+    let names: Vec<&str> = listed.iter().map(|w| w.as_str()).collect();
+    assert_eq!(
+        names,
+        ["w1", "w2"],
+        "w1's first incarnation lives, yet the id is no longer listed"
+    );
+    drop(second);
+    first.shutdown().await.expect("a clean shutdown");
+    let listed = controller.workers().await.expect("a listing");
+    let names: Vec<&str> = listed.iter().map(|w| w.as_str()).collect();
+    assert_eq!(names, ["w2"]);
+    other.shutdown().await.expect("a clean shutdown");
 }
