@@ -438,7 +438,8 @@ impl Controller {
         })
     }
 
-    /// The workers that are members now (each under its live lease).
+    /// The workers that are members now, each id once, in order: an id is listed
+    /// while any incarnation of it holds a live lease.
     ///
     /// # Errors
     ///
@@ -448,18 +449,18 @@ impl Controller {
     ///
     /// Cancel safe: it only reads.
     pub async fn workers(&self) -> Result<Vec<WorkerId>, ClusterError> {
-        let prefix = self.keys.workers();
         let listing = within(
             self.op_timeout,
             "list workers",
-            self.coord.list(prefix.clone()),
+            self.coord.list(self.keys.workers()),
         )
         .await?;
-        Ok(listing
+        let ids: std::collections::BTreeSet<WorkerId> = listing
             .kvs
             .iter()
-            .filter_map(|kv| WorkerId::new(kv.key.strip_prefix(&prefix)?).ok())
-            .collect())
+            .filter_map(|kv| Some(self.keys.parse_worker_key(&kv.key)?.0))
+            .collect();
+        Ok(ids.into_iter().collect())
     }
 
     /// A watch of the task's status: each [`StatusWatch::changed`] returns once the

@@ -6,8 +6,12 @@
 //! {prefix}/tasks/{task}/owner                 "{worker}@{lease hex}", under the owner's lease
 //! {prefix}/tasks/{task}/observed              the owner's status report (fenced)
 //! {prefix}/tasks/{task}/checkpoint/{name}     unit checkpoints (fenced)
-//! {prefix}/workers/{worker}                   membership, under the worker's lease
+//! {prefix}/workers/{worker}@{lease hex}       membership of one incarnation, under its lease
 //! ```
+//!
+//! A worker id may have two live incarnations at once (one frozen past its lease
+//! that came back, beside a fresh start under the same id): each is a member under a
+//! key of its own, so neither's end removes the other's membership.
 
 use std::fmt;
 use std::str::FromStr;
@@ -377,8 +381,14 @@ impl Keys {
         format!("{}/workers/", self.prefix)
     }
 
-    pub(crate) fn worker(&self, worker: &WorkerId) -> String {
-        format!("{}/workers/{}", self.prefix, worker)
+    /// The membership key of the incarnation of `worker` that holds lease `lease`.
+    pub(crate) fn worker(&self, worker: &WorkerId, lease: i64) -> String {
+        format!("{}/workers/{}", self.prefix, owner_value(worker, lease))
+    }
+
+    /// The worker and lease a membership key names.
+    pub(crate) fn parse_worker_key(&self, key: &str) -> Option<(WorkerId, i64)> {
+        parse_owner_value(key.strip_prefix(&self.workers())?.as_bytes())
     }
 
     /// Splits a key under `tasks/` into its task and what it names.
@@ -416,6 +426,19 @@ pub(crate) fn parse_owner_value(value: &[u8]) -> Option<(WorkerId, i64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_incarnation_of_a_worker_has_a_membership_key_of_its_own() {
+        let keys = Keys::new("p").expect("a valid prefix");
+        let id = WorkerId::new("w1").expect("a valid id");
+        let first = keys.worker(&id, 0x1f);
+        let second = keys.worker(&id, 0x2a);
+        assert_eq!(first, "p/workers/w1@1f");
+        assert_ne!(first, second);
+        assert_eq!(keys.parse_worker_key(&second), Some((id, 0x2a)));
+        assert_eq!(keys.parse_worker_key("p/workers/w1"), None);
+        assert_eq!(keys.parse_worker_key("p/tasks/w1@1f"), None);
+    }
 
     #[test]
     fn ids_with_separators_are_refused() {
