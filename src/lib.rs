@@ -132,8 +132,8 @@ pub use outcome::{Exit, Outcome, OutcomeKind};
 #[cfg(not(taskstage_loom))]
 pub use runtime::{
     Change, Event, Events, GroupEvents, GroupReport, Handle, Progress, RunContext, RunExit,
-    Settling, StageEvent, StopOrder, Stuck, TaskBuilder, TaskGroup, TaskReport, TaskSnapshot, Unit,
-    WeakHandle,
+    Settling, StageEvent, StopOrder, Stuck, TaskBuilder, TaskGroup, TaskObserver, TaskReport,
+    TaskSnapshot, Unit, WeakHandle,
 };
 pub use stage::{Command, Stage};
 #[cfg(not(taskstage_loom))]

@@ -270,7 +270,7 @@ async fn a_deposed_owners_fenced_write_is_rejected_and_its_run_stopped() {
         .unwrap();
     controller.resume_within("sync", WAIT).await.unwrap();
     let task = TaskId::new("sync").unwrap();
-    let handle = w1.handle(&task).expect("w1 runs the task");
+    let handle = w1.observer(&task).expect("w1 runs the task");
     let old = probes(&shared)
         .fencers
         .get(&("sync".to_owned(), "w1".to_owned()))

@@ -582,7 +582,7 @@ async fn dropping_a_worker_stops_its_runs_whatever_a_caller_holds() {
         .await
         .expect("running");
     assert_eq!(live.load(SeqCst), 1);
-    let held = w1.handle(&TaskId::new("t").expect("a valid id"));
+    let held = w1.observer(&TaskId::new("t").expect("a valid id"));
     assert!(held.is_some(), "w1 runs the task");
     let lease = w1.lease();
     drop(w1);

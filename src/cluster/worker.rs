@@ -194,7 +194,7 @@ impl WorkerBuilder {
         let register = Txn {
             when: vec![],
             then: vec![Op::Put {
-                key: keys.worker(&id),
+                key: keys.worker(&id, grant.id),
                 value: format!("{:x}", grant.id).into_bytes(),
                 lease: Some(grant.id),
             }],
@@ -377,10 +377,12 @@ impl Session {
 
 /// A member of the cluster that claims and runs tasks.
 ///
-/// Made by [`Worker::builder`] → [`WorkerBuilder::join`]. Dropping a worker aborts
-/// its loops without revoking its lease (like a crash: the store expires the lease
-/// after its TTL, and the local tasks stop as their handles go); use
-/// [`Worker::shutdown`] for a clean exit that lets others take over at once.
+/// Made by [`Worker::builder`] → [`WorkerBuilder::join`]. Dropping a worker is a
+/// crash without the wait: it aborts every local run at once (a run can never
+/// outlive the loop that guards its lease, whatever a caller holds of it), then its
+/// loops, and leaves the lease for the store to expire after its TTL, so other
+/// workers take the tasks over only then. Use [`Worker::shutdown`] for a clean exit
+/// that lets others take over at once.
 pub struct Worker {
     inner: Arc<Inner>,
     guard: Option<JoinHandle<()>>,
@@ -440,9 +442,15 @@ impl Worker {
         self.inner.view().get(task).map(|h| h.token.clone())
     }
 
-    /// The local handle of `task`, if the worker runs it.
-    pub fn handle(&self, task: &TaskId) -> Option<Handle> {
-        self.inner.view().get(task).and_then(|h| h.handle.clone())
+    /// A read-only view of `task`'s local run, if the worker runs it: its stage,
+    /// snapshot, events and waits. Commands go through the
+    /// [`Controller`](super::Controller): a local pause behind its back would make
+    /// the cluster's desired and observed stages disagree.
+    pub fn observer(&self, task: &TaskId) -> Option<crate::runtime::TaskObserver> {
+        self.inner
+            .view()
+            .get(task)
+            .and_then(|h| h.handle.as_ref().map(Handle::observer))
     }
 
     /// When the worker will begin stopping its runs unless a keep-alive is answered;
@@ -555,6 +563,21 @@ impl Worker {
 
 impl Drop for Worker {
     fn drop(&mut self) {
+        // The lease guard goes with the worker, so every run stops first: aborted at
+        // once (nobody is left to wait for a graceful stop), whatever a caller holds
+        // of it. A run the reconcile loop starts while this drop runs is stopped when
+        // the aborted loop's future is dropped, within the task's stop grace (half
+        // the stop bound), still inside the lease's deadline.
+        self.shutdown.cancel();
+        let handles: Vec<Handle> = self
+            .inner
+            .view()
+            .values()
+            .filter_map(|h| h.handle.clone())
+            .collect();
+        for handle in handles {
+            handle.stop_aborting();
+        }
         if let Some(task) = self.guard.take() {
             task.abort();
         }

@@ -214,31 +214,16 @@ impl<C: Send + Sync + 'static> Handle<C> {
         self.decorate(core)
     }
 
-    fn decorate(&self, core: Snapshot) -> TaskSnapshot {
-        let shared = self.shared().runtime();
-        TaskSnapshot {
-            name: Arc::clone(&shared.name),
-            stage: core.stage,
-            generation: core.generation,
-            unit: core.unit.map(|i| {
-                (
-                    i,
-                    shared
-                        .unit_names
-                        .get(i)
-                        .cloned()
-                        .unwrap_or_else(|| "".into()),
-                )
-            }),
-            units: core.units,
-            outcome: core.outcome,
-            user_paused: core.user_paused,
-            progress: core
-                .unit
-                .map(|i| shared.progress.get(i))
-                .unwrap_or_default(),
-            seq: core.seq,
+    /// A read-only view of the task: see [`TaskObserver`].
+    pub fn observer(&self) -> TaskObserver<C> {
+        TaskObserver {
+            shared: Arc::clone(&self.shared),
+            event_capacity: self.owner.event_capacity,
         }
+    }
+
+    fn decorate(&self, core: Snapshot) -> TaskSnapshot {
+        decorate(self.shared(), core)
     }
 
     /// The configuration in force.
@@ -568,9 +553,116 @@ impl<C: Send + Sync + 'static> Handle<C> {
         Driver::update(self.shared(), config)
     }
 
+    /// Stops the task and aborts its run at once, without waiting: for an owner that
+    /// can no longer let the run wind down (a cluster worker giving up its lease).
+    /// The run's future is dropped at its next poll; Stopped follows once the units
+    /// are closed.
+    #[cfg(feature = "etcd")]
+    pub(crate) fn stop_aborting(&self) {
+        if let Ok(settle) = Driver::command(self.shared(), Command::Stop) {
+            self.shared().abort(settle.generation());
+        }
+    }
+
     async fn command_and_wait(&self, command: Command, timeout: Duration) -> Result<Stage, Error> {
         let settle = Driver::command(self.shared(), command)?;
         settled_within(self.shared(), settle, timeout).await
+    }
+}
+
+/// A core snapshot with the names and progress a person wants to see.
+fn decorate<C: Send + Sync + 'static>(shared: &Shared<C>, core: Snapshot) -> TaskSnapshot {
+    let shared = shared.runtime();
+    TaskSnapshot {
+        name: Arc::clone(&shared.name),
+        stage: core.stage,
+        generation: core.generation,
+        unit: core.unit.map(|i| {
+            (
+                i,
+                shared
+                    .unit_names
+                    .get(i)
+                    .cloned()
+                    .unwrap_or_else(|| "".into()),
+            )
+        }),
+        units: core.units,
+        outcome: core.outcome,
+        user_paused: core.user_paused,
+        progress: core
+            .unit
+            .map(|i| shared.progress.get(i))
+            .unwrap_or_default(),
+        seq: core.seq,
+    }
+}
+
+/// A read-only view of a task: its name, stage, state and changes, and waits on
+/// them; no command.
+///
+/// Made by [`Handle::observer`]. It does not keep the task alive, and it cannot pause,
+/// resume or stop it: whoever owns the task (a [`Handle`]'s holder, or a cluster's
+/// controller through its worker) stays the only one who commands it.
+pub struct TaskObserver<C: Send + Sync + 'static = ()> {
+    shared: Arc<Shared<C>>,
+    event_capacity: usize,
+}
+
+impl<C: Send + Sync + 'static> Clone for TaskObserver<C> {
+    fn clone(&self) -> Self {
+        TaskObserver {
+            shared: Arc::clone(&self.shared),
+            event_capacity: self.event_capacity,
+        }
+    }
+}
+
+impl<C: Send + Sync + 'static> fmt::Debug for TaskObserver<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TaskObserver")
+            .field("name", &self.shared.runtime().name)
+            .field("stage", &self.stage())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<C: Send + Sync + 'static> TaskObserver<C> {
+    /// The task's name.
+    pub fn name(&self) -> &str {
+        &self.shared.runtime().name
+    }
+
+    /// The stage, read without taking a lock.
+    pub fn stage(&self) -> Stage {
+        self.shared.core().stage()
+    }
+
+    /// The whole state, taken consistently.
+    pub fn snapshot(&self) -> TaskSnapshot {
+        decorate(&self.shared, self.shared.core().snapshot())
+    }
+
+    /// Every change of the task from now on: as [`Handle::events`].
+    pub fn events(&self) -> Events<C> {
+        Events::new(Arc::clone(&self.shared), self.event_capacity)
+    }
+
+    /// Waits until the stage satisfies `predicate`, and returns the state then.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping the future changes nothing.
+    pub async fn wait_for_stage<P>(&self, mut predicate: P) -> TaskSnapshot
+    where
+        P: FnMut(Stage) -> bool,
+    {
+        let core = self
+            .shared
+            .core()
+            .wait_until(|s: &Snapshot| predicate(s.stage))
+            .await;
+        decorate(&self.shared, core)
     }
 }
 

@@ -19,7 +19,8 @@ pub use self::builder::TaskBuilder;
 pub use self::events::{Change, Event, Events, DEFAULT_EVENT_CAPACITY};
 pub use self::group::{GroupEvents, GroupReport, StopOrder, Stuck, TaskGroup, TaskReport};
 pub use self::handle::{
-    Handle, Settling, TaskSnapshot, WeakHandle, DEFAULT_PAUSE_TIMEOUT, DEFAULT_STOP_GRACE,
+    Handle, Settling, TaskObserver, TaskSnapshot, WeakHandle, DEFAULT_PAUSE_TIMEOUT,
+    DEFAULT_STOP_GRACE,
 };
 pub use self::unit::{Progress, RunContext, RunExit, Unit};
 
