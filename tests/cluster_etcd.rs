@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use cluster_support::{counters, dead_endpoint, eventually, probes, EtcdCluster, SharedProbes};
 use taskstage::cluster::{
-    ClusterError, Compare, Controller, Coordinator, DesiredStage, EtcdCoordinator, EtcdOptions, Op,
-    TaskId, Txn, Worker,
+    ClusterError, Compare, Controller, Coordinator, DesiredStage, EtcdCoordinator, EtcdOptions,
+    KeepAlive, Op, TaskId, Txn, Worker,
 };
 use taskstage::Stage;
 
@@ -456,11 +456,44 @@ async fn an_unreachable_etcd_is_a_typed_error_and_nothing_starts() {
         .ttl(Duration::from_secs(2))
         .join(counters("w1", &shared))
         .await;
-    assert!(
-        matches!(joined, Err(ClusterError::Unreachable { .. })),
-        "{joined:?}"
-    );
+    let Err(ClusterError::Unreachable { detail, .. }) = &joined else {
+        panic!("expected Unreachable, got {joined:?}");
+    };
+    for endpoint in cluster.endpoints() {
+        assert!(
+            detail.contains(endpoint.as_str()),
+            "the error does not name {endpoint}, which was tried: {detail}"
+        );
+    }
     assert_eq!(probes(&shared).built, 0, "a task was built without a store");
+}
+
+/// A keep-alive answers with the TTL the store gives the lease, and a lease the store
+/// no longer has is Expired, not an error or a default TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keep_alive_answers_with_the_stores_ttl_or_expired() {
+    let Some(cluster) = EtcdCluster::start_or_skip(3) else {
+        return;
+    };
+    let coord = connect(&cluster).await;
+    // Another connection than the one that granted the lease (a restarted process
+    // keeping its lease): it can know the TTL only from the store's answer.
+    let other = connect(&cluster).await;
+    for asked in [Duration::from_secs(7), Duration::from_secs(11)] {
+        let grant = coord.grant(asked).await.expect("a lease");
+        assert_eq!(grant.ttl, asked);
+        assert_eq!(
+            other.keep_alive(grant.id).await.expect("an answer"),
+            KeepAlive::Alive { ttl: asked },
+            "the keep-alive of a {asked:?} lease"
+        );
+        coord.revoke(grant.id).await.expect("revoked");
+        assert_eq!(
+            other.keep_alive(grant.id).await.expect("an answer"),
+            KeepAlive::Expired,
+            "the keep-alive of a revoked lease"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
