@@ -1,6 +1,5 @@
 //! [`Coordinator`] on a real etcd, through `etcd-client`.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -51,7 +50,6 @@ struct Inner {
     endpoints: Vec<String>,
     options: EtcdOptions,
     current: Mutex<Current>,
-    granted: Mutex<HashMap<i64, Duration>>,
 }
 
 struct Current {
@@ -129,7 +127,6 @@ impl EtcdCoordinator {
                     index: 0,
                     client: None,
                 }),
-                granted: Mutex::new(HashMap::new()),
             }),
         };
         let mut failures = Vec::new();
@@ -229,13 +226,14 @@ impl EtcdCoordinator {
         F: Fn(Client) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
-        let mut last = String::new();
+        // Every member's failure, so an Unreachable names each endpoint tried.
+        let mut failures: Vec<String> = Vec::new();
         for _ in 0..self.inner.endpoints.len() {
             let (index, client) = match self.client().await {
                 Ok(found) => found,
                 Err(detail) => {
                     let index = self.lock().index;
-                    last = format!("{}: {detail}", self.inner.endpoints[index]);
+                    failures.push(format!("{}: {detail}", self.inner.endpoints[index]));
                     self.failed(index);
                     continue;
                 }
@@ -253,7 +251,7 @@ impl EtcdCoordinator {
             match answer {
                 Ok(Ok(value)) => return Ok(value),
                 Ok(Err(error)) if is_unavailable(&error) => {
-                    last = format!("{}: {error}", self.inner.endpoints[index]);
+                    failures.push(format!("{}: {error}", self.inner.endpoints[index]));
                     self.failed(index);
                 }
                 Ok(Err(error)) => {
@@ -263,15 +261,18 @@ impl EtcdCoordinator {
                     })
                 }
                 Err(_) => {
-                    last = format!(
+                    failures.push(format!(
                         "{}: no answer within {:?}",
                         self.inner.endpoints[index], self.inner.options.op_timeout
-                    );
+                    ));
                     self.failed(index);
                 }
             }
         }
-        Err(ClusterError::Unreachable { op, detail: last })
+        Err(ClusterError::Unreachable {
+            op,
+            detail: failures.join("; "),
+        })
     }
 }
 
@@ -337,12 +338,7 @@ impl Coordinator for EtcdCoordinator {
                     detail: response.error().to_owned(),
                 });
             }
-            let granted = Duration::from_secs(response.ttl() as u64);
-            self.inner
-                .granted
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .insert(response.id(), granted);
+            let granted = Duration::from_secs(response.ttl().unsigned_abs());
             Ok(Grant {
                 id: response.id(),
                 ttl: granted,
@@ -352,29 +348,34 @@ impl Coordinator for EtcdCoordinator {
 
     fn keep_alive(&self, lease: i64) -> BoxFuture<'_, Result<KeepAlive, ClusterError>> {
         Box::pin(async move {
-            // One keep-alive round trip: the client opens the stream, sends one
-            // request and checks that its answer has TTL > 0.
-            let answered = self
+            // The client's keep-alive sends one request and checks that its answer
+            // has TTL > 0, but keeps the answer to itself; a second request on the
+            // same stream gives the TTL the store answered with, which is the one the
+            // lease deadline may trust (never a locally remembered one).
+            let ttl = self
                 .call("keep-alive", |mut c| async move {
-                    match c.lease_keep_alive(lease).await {
-                        Ok(_) => Ok(true),
-                        Err(error) if lease_not_found(&error) => Ok(false),
-                        Err(error) => Err(error),
+                    let (mut keeper, mut answers) = match c.lease_keep_alive(lease).await {
+                        Ok(opened) => opened,
+                        Err(error) if lease_not_found(&error) => return Ok(None),
+                        Err(error) => return Err(error),
+                    };
+                    keeper.keep_alive().await?;
+                    match answers.message().await? {
+                        Some(answer) if answer.ttl() > 0 => Ok(Some(answer.ttl())),
+                        // TTL ≤ 0: the lease expired between the two requests.
+                        Some(_) => Ok(None),
+                        None => Err(etcd_client::Error::LeaseKeepAliveError(
+                            "the keep-alive stream closed without an answer".to_owned(),
+                        )),
                     }
                 })
                 .await?;
-            if !answered {
-                return Ok(KeepAlive::Expired);
-            }
-            let ttl = self
-                .inner
-                .granted
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .get(&lease)
-                .copied()
-                .unwrap_or(Duration::from_secs(1));
-            Ok(KeepAlive::Alive { ttl })
+            Ok(match ttl {
+                Some(secs) => KeepAlive::Alive {
+                    ttl: Duration::from_secs(secs.unsigned_abs()),
+                },
+                None => KeepAlive::Expired,
+            })
         })
     }
 
