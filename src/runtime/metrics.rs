@@ -6,7 +6,7 @@
 //!
 //! | name | kind | labels | meaning |
 //! |---|---|---|---|
-//! | `taskstage_tasks` | gauge | `stage` | tasks in each stage now (a task counts until its last handle and stream are gone) |
+//! | `taskstage_tasks` | gauge | `stage` | tasks in each stage now (a task counts until the last of its handles, observers and event streams is gone and no run or close of it is in flight) |
 //! | `taskstage_transitions_total` | counter | `from`, `to` | accepted changes (including those that keep the stage, such as a pause in Paused) |
 //! | `taskstage_refused_total` | counter | `command`, `stage` | commands the table refused |
 //! | `taskstage_pause_seconds` | histogram | `reached` | from a pause's acceptance until its rest (`Paused`, `Finished` or `Stopped`) |
