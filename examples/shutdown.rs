@@ -13,7 +13,9 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use taskstage::{RunContext, RunError, RunExit, Stage, StopOrder, Task, TaskGroup, Unit};
+use taskstage::{
+    BuildError, GroupReport, RunContext, RunError, RunExit, Stage, StopOrder, Task, TaskGroup, Unit,
+};
 
 /// Copies in batches until cancelled.
 struct Copy;
@@ -43,25 +45,44 @@ impl Unit for Stubborn {
     }
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
-    let after = std::env::args().nth(1).and_then(|s| s.parse::<u64>().ok());
+/// How long the stop of every task may take, in all.
+pub const DEADLINE: Duration = Duration::from_secs(4);
+
+/// The example's group: two tasks that copy, and one whose unit ignores cancellation.
+///
+/// # Errors
+///
+/// A task that cannot be spawned (outside a runtime, or one without timers).
+pub fn start() -> Result<TaskGroup, BuildError> {
     let mut group = TaskGroup::new();
     for (name, stubborn) in [("orders", false), ("invoices", false), ("audit", true)] {
         let builder = Task::builder(name);
         let task = if stubborn {
-            builder.unit(Stubborn).spawn()
+            builder.unit(Stubborn).spawn()?
         } else {
-            builder.unit(Copy).spawn()
+            builder.unit(Copy).spawn()?
         };
-        match task {
-            Ok(task) => group.add(task),
-            Err(error) => {
-                eprintln!("cannot start {name}: {error}");
-                return ExitCode::FAILURE;
-            }
-        }
+        group.add(task);
     }
+    Ok(group)
+}
+
+/// Stops every task of `group` within [`DEADLINE`]: the stubborn one is aborted
+/// halfway to it.
+pub async fn shut_down(group: &TaskGroup) -> GroupReport {
+    group.stop_all(DEADLINE, StopOrder::AllAtOnce).await
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let after = std::env::args().nth(1).and_then(|s| s.parse::<u64>().ok());
+    let group = match start() {
+        Ok(group) => group,
+        Err(error) => {
+            eprintln!("cannot start the tasks: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
     match after {
         Some(secs) => {
             println!("running; stopping by itself in {secs} s (or on ctrl-c)");
@@ -77,10 +98,8 @@ async fn main() -> ExitCode {
             }
         }
     }
-    println!("stopping every task within 4 s");
-    let report = group
-        .stop_all(Duration::from_secs(4), StopOrder::AllAtOnce)
-        .await;
+    println!("stopping every task within {} s", DEADLINE.as_secs());
+    let report = shut_down(&group).await;
     print!("{report}");
     if report.all_reached(Stage::Stopped) {
         ExitCode::SUCCESS
