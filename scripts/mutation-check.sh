@@ -179,15 +179,15 @@ EOF
 }
 
 m2() {
-  WHERE="lifecycle/driver.rs: Driver::carry_out"
+  WHERE="lifecycle/driver.rs: Closes::drop"
   MUTANT="a stop's units are reported closed (publishing Stopped) before close_all runs"
   SUITE="--test truth"
   edit src/lifecycle/driver.rs <<'EOF'
-            close_all(units);
-            let closed = this.core.report_closed(generation);
+        close_all(std::mem::take(&mut self.units));
+        let closed = self.driver.core.report_closed(self.generation);
 @@@@
-            let closed = this.core.report_closed(generation);
-            close_all(units);
+        let closed = self.driver.core.report_closed(self.generation);
+        close_all(std::mem::take(&mut self.units));
 EOF
 }
 
