@@ -98,7 +98,15 @@ fn one_event_per_transition_inside_the_task_span() {
             let handle = Task::builder("orders-sync").unit(unit).spawn().unwrap();
             handle.wait_for_stage(|s| s == Stage::Running).await;
             handle.pause().await.unwrap();
+            let mut observed = handle.subscribe();
             handle.stop().await.unwrap();
+            // Observers (logs, then subscribers) are told after the core published,
+            // from the thread that made the change: for a stop, the blocking pool's.
+            let told = observed.wait_for(|event| event.stage == Stage::Stopped);
+            tokio::time::timeout(std::time::Duration::from_secs(20), told)
+                .await
+                .expect("the subscriber was told of Stopped")
+                .expect("the task's channel is open");
         });
     });
     assert_eq!(*seen.task_fields.lock().unwrap(), vec!["orders-sync"]);

@@ -212,8 +212,14 @@ impl Runtime for Tokio {
         // `close()` is synchronous user code that may block its thread (a flush to a
         // slow disk): tokio's blocking pool, never the caller's thread or an
         // executor's. A runtime shutting down drops `closes` uncalled, which still
-        // closes the units (see `Runtime::spawn_closes`).
-        drop(self.runtime.spawn_blocking(closes));
+        // closes the units (see `Runtime::spawn_closes`). The caller's tracing
+        // dispatcher goes along (one `Arc` clone), so a subscriber set for a scope
+        // (`with_default`) still sees the closes and the Stopped they lead to.
+        let dispatch = tracing::dispatcher::get_default(tracing::Dispatch::clone);
+        drop(
+            self.runtime
+                .spawn_blocking(move || tracing::dispatcher::with_default(&dispatch, closes)),
+        );
     }
 
     fn refused(&self, error: &crate::error::Error) {
