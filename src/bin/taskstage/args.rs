@@ -86,8 +86,10 @@ pub(crate) enum Command {
         task: String,
     },
     /// Pauses tasks cluster-wide; returns once every owner reports its run returned.
-    #[command(after_help = "Examples:\n  taskstage --prefix app pause orders invoices --timeout 10s\n  \
-                            taskstage --prefix app pause --all")]
+    #[command(
+        after_help = "Examples:\n  taskstage --prefix app pause orders invoices --timeout 10s\n  \
+                            taskstage --prefix app pause --all"
+    )]
     Pause(Targets),
     /// Resumes tasks cluster-wide; returns once every owner reports Running.
     #[command(after_help = "Examples:\n  taskstage --prefix app resume orders\n  \
@@ -126,9 +128,11 @@ pub(crate) enum Command {
         task: Option<String>,
     },
     /// Prints a shell completion script.
-    #[command(after_help = "Examples:\n  taskstage completions bash > /etc/bash_completion.d/taskstage\n  \
+    #[command(
+        after_help = "Examples:\n  taskstage completions bash > /etc/bash_completion.d/taskstage\n  \
                             taskstage completions zsh > \"${fpath[1]}/_taskstage\"\n  \
-                            taskstage completions fish > ~/.config/fish/completions/taskstage.fish")]
+                            taskstage completions fish > ~/.config/fish/completions/taskstage.fish"
+    )]
     Completions {
         /// The shell.
         #[arg(value_enum)]

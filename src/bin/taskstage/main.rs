@@ -90,7 +90,10 @@ fn wants_json(argv: &[OsString]) -> bool {
 /// Prints clap's help or version as it is, and a usage error as one line.
 fn usage(error: &clap::Error, output: Output) -> ExitCode {
     use clap::error::ErrorKind;
-    if matches!(error.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+    if matches!(
+        error.kind(),
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion
+    ) {
         let _ = error.print();
         return ExitCode::SUCCESS;
     }
@@ -148,7 +151,10 @@ fn task_id(command: &'static str, id: &str) -> Result<TaskId, CliError> {
 /// Writes to stdout; a closed pipe (`| head`) ends the output quietly.
 fn emit(command: &'static str, text: &str) -> Result<(), Vec<CliError>> {
     let mut stdout = std::io::stdout().lock();
-    match stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()) {
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
         Err(source) => Err(vec![CliError::Output { command, source }]),
@@ -348,7 +354,10 @@ async fn act(cli: &Cli, act: Act, targets: &Targets) -> Outcome {
                 .collect();
             emit(
                 command,
-                &render::table(&["TASK", "RESULT", "STAGE", "OWNER", "GEN", "WAITED"], &rows),
+                &render::table(
+                    &["TASK", "RESULT", "STAGE", "OWNER", "GEN", "WAITED"],
+                    &rows,
+                ),
             )?;
         }
     }
@@ -474,7 +483,14 @@ async fn create(
                 desired,
             }]);
         }
-        Err(e) => return Err(vec![CliError::cluster("create", Some(task), &cli.prefix, e)]),
+        Err(e) => {
+            return Err(vec![CliError::cluster(
+                "create",
+                Some(task),
+                &cli.prefix,
+                e,
+            )])
+        }
     };
     match cli.output {
         Output::Json => emit_json(
@@ -500,10 +516,8 @@ async fn workers(cli: &Cli) -> Outcome {
     let tasks = controller.list().await.map_err(fail)?;
     // Counted from the tasks' owner keys: a worker that holds tasks is listed even
     // when its membership key is not (yet, or any more) there.
-    let mut held: std::collections::BTreeMap<String, usize> = members
-        .iter()
-        .map(|w| (w.as_str().to_owned(), 0))
-        .collect();
+    let mut held: std::collections::BTreeMap<String, usize> =
+        members.iter().map(|w| (w.as_str().to_owned(), 0)).collect();
     for owner in tasks.iter().filter_map(|t| t.owner.as_ref()) {
         *held.entry(owner.as_str().to_owned()).or_default() += 1;
     }
@@ -525,7 +539,10 @@ async fn workers(cli: &Cli) -> Outcome {
                     vec![w.clone(), m.to_owned(), n.to_string()]
                 })
                 .collect();
-            emit("workers", &render::table(&["WORKER", "MEMBER", "TASKS"], &rows))
+            emit(
+                "workers",
+                &render::table(&["WORKER", "MEMBER", "TASKS"], &rows),
+            )
         }
     }
 }
