@@ -138,8 +138,8 @@ pub(crate) enum CliError {
         command: &'static str,
         /// The task, when the failure is about one.
         task: Option<String>,
-        /// The library's error.
-        error: ClusterError,
+        /// The library's error (boxed: it is the largest variant).
+        error: Box<ClusterError>,
     },
     /// A command's own task ended without an answer (a bug of this program).
     #[error("{command} of task {task}: {detail}")]
@@ -222,7 +222,7 @@ impl CliError {
             error => CliError::Other {
                 command,
                 task: task_text,
-                error,
+                error: Box::new(error),
             },
         }
     }
