@@ -109,6 +109,8 @@ fn worker_process() {
         .split(',')
         .map(str::to_owned)
         .collect();
+    // The tests use their own prefix; a session run by hand may give another one.
+    let prefix = std::env::var("TASKSTAGE_CLI_PREFIX").unwrap_or_else(|_| PREFIX.to_owned());
     // The test holds the other end of stdin: when it goes away, so does this.
     exit_when_stdin_closes();
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -140,7 +142,7 @@ fn worker_process() {
                     })
                 })
             };
-            let joined = Worker::builder(coord, PREFIX, id.clone())
+            let joined = Worker::builder(coord, prefix.clone(), id.clone())
                 .ttl(Duration::from_secs(2))
                 .stop_bound(Duration::from_millis(600))
                 .resync(Duration::from_millis(200))
@@ -221,11 +223,24 @@ fn taskstage_at(endpoints: &str, args: &[&str]) -> Ran {
         .args(["--endpoints", endpoints, "--prefix", PREFIX])
         .args(args)
         .env_remove("ETCD_ENDPOINTS")
-        .env_remove("TASKSTAGE_PREFIX")
-        .stdin(Stdio::null())
+        .env_remove("TASKSTAGE_PREFIX");
+    run(command, args, None)
+}
+
+/// Runs `command` with `input` on its stdin (at most 60 s; killed after).
+fn run(mut command: Command, args: &[&str], input: Option<&str>) -> Ran {
+    command
+        .stdin(if input.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let mut child = command.spawn().expect("start taskstage");
+    if let (Some(text), Some(mut stdin)) = (input, child.stdin.take()) {
+        std::io::Write::write_all(&mut stdin, text.as_bytes()).expect("write to stdin");
+    }
     let (stdout, stderr) = (
         drain(child.stdout.take().expect("stdout")),
         drain(child.stderr.take().expect("stderr")),
@@ -602,6 +617,24 @@ fn the_command_drives_real_workers_and_bad_input_changes_nothing() {
     assert_eq!(setup.listing(), before, "bad input changed something");
     assert_eq!(setup.status("t2").desired.name(), "Running");
 
+    // The endpoints and the prefix from the environment; a spec from stdin.
+    let mut command = Command::new(BIN);
+    command
+        .args(["create", "t3", "--spec-file", "-", "--paused"])
+        .env("ETCD_ENDPOINTS", setup.endpoints())
+        .env("TASKSTAGE_PREFIX", PREFIX);
+    let ran = run(
+        command,
+        &["create t3 (from the environment)"],
+        Some("writer\n"),
+    );
+    assert_eq!(ran.code, 0, "{ran:?}");
+    assert_eq!(
+        ran.stdout.split(", revision").next(),
+        Some("created task t3: desired Paused, spec 7 bytes")
+    );
+    assert_eq!(setup.status("t3").desired.name(), "Paused");
+
     // A task that exists: refused, exit 1, naming it and its stage.
     assert_error(
         &setup.taskstage(&["create", "t1", "--spec-file", &writer]),
@@ -679,6 +712,16 @@ fn the_command_drives_real_workers_and_bad_input_changes_nothing() {
         before,
         "a refused resume changed something"
     );
+
+    // `pause --all` leaves the stopped task out, and pauses the others.
+    let ran = setup.taskstage(&["pause", "--all", "--output", "json", "--timeout", "20s"]);
+    assert_eq!(ran.code, 0, "{ran:?}");
+    let answers = ran.json();
+    assert_eq!(entry(&answers, "t1")["result"], "skipped");
+    assert_eq!(entry(&answers, "t2")["result"], "answered");
+    assert_eq!(entry(&answers, "t2")["stage"], "Paused");
+    assert_eq!(entry(&answers, "t3")["result"], "answered");
+    assert_eq!(setup.status("t1").desired.name(), "Stopped");
     eprintln!("the cli session took {:?}", started.elapsed());
 }
 
