@@ -764,6 +764,30 @@ fn a_pause_that_a_stubborn_unit_cannot_answer_times_out_and_names_it() {
     assert_eq!(errors[0]["stage"], "Pausing");
     assert_eq!(errors[0]["exit_code"], 1);
 
+    // The listing says so too: desired Paused, observed Pausing, not answered.
+    let listing = setup.taskstage(&["list", "--output", "json"]).json();
+    let stuck = entry(&listing, "stuck");
+    assert_eq!(
+        (&stuck["desired"], &stuck["observed"], &stuck["answered"]),
+        (
+            &Value::from("Paused"),
+            &Value::from("Pausing"),
+            &Value::from(false)
+        )
+    );
+    assert_matches_status(stuck, &setup.status("stuck"));
+    let ran = setup.taskstage(&["list"]);
+    let row = ran
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("stuck"))
+        .unwrap_or("");
+    assert_eq!(
+        row.split_whitespace().collect::<Vec<_>>(),
+        ["stuck", "Paused", "Pausing", "w1", "1", "none", "no"],
+        "{ran:?}"
+    );
+
     // As a line of text: the task, its owner, its stage, and what to do.
     assert_error(
         &setup.taskstage(&["pause", "stuck", "--timeout", "1s"]),
