@@ -722,6 +722,22 @@ fn the_command_drives_real_workers_and_bad_input_changes_nothing() {
     assert_eq!(entry(&answers, "t2")["stage"], "Paused");
     assert_eq!(entry(&answers, "t3")["result"], "answered");
     assert_eq!(setup.status("t1").desired.name(), "Stopped");
+
+    // `stop --all` stops the others, and for the stopped one writes nothing: it is
+    // answered by the stop it already had.
+    let t1_stop = setup.status("t1").desired_revision;
+    let ran = setup.taskstage(&["stop", "--all", "--output", "json", "--timeout", "20s"]);
+    assert_eq!(ran.code, 0, "{ran:?}");
+    let answers = ran.json();
+    for task in ["t1", "t2", "t3"] {
+        assert_eq!(entry(&answers, task)["result"], "answered", "{answers}");
+        assert_eq!(entry(&answers, task)["stage"], "Stopped", "{answers}");
+    }
+    assert_eq!(
+        setup.status("t1").desired_revision,
+        t1_stop,
+        "t1's stop rewritten"
+    );
     eprintln!("the cli session took {:?}", started.elapsed());
 }
 

@@ -212,12 +212,6 @@ impl Act {
         }
     }
 
-    /// Whether a task desired Stopped refuses it (stop is allowed again: it is
-    /// answered at once).
-    fn refused_when_stopped(self) -> bool {
-        self != Act::Stop
-    }
-
     async fn call(
         self,
         controller: &Controller,
@@ -230,6 +224,18 @@ impl Act {
             Act::Stop => controller.stop_within(task, within).await,
         }
     }
+}
+
+/// What a pause, resume or stop does with one task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Plan {
+    /// Writes the desired stage and waits for the answer.
+    Write,
+    /// Waits for the answer to desired revision `.0`, writing nothing (a stop of a
+    /// task already desired Stopped).
+    Wait(i64),
+    /// Leaves the task alone (a pause or resume `--all` meets a stopped task).
+    Skip,
 }
 
 /// What became of one task of a pause, resume or stop.
@@ -262,13 +268,19 @@ async fn act(cli: &Cli, act: Act, targets: &Targets) -> Outcome {
         .map_err(|e| vec![CliError::cluster(command, None, &cli.prefix, e)])?;
     let by_id: HashMap<&str, &TaskStatus> = tasks.iter().map(|t| (t.task.as_str(), t)).collect();
     let stopped = |t: &TaskStatus| t.desired == DesiredStage::Stopped;
-    let mut chosen: Vec<(String, bool)> = Vec::new(); // (task, skipped)
+    // A stop of a task already desired Stopped writes nothing: it waits for the
+    // answer to the stop that was written.
+    let plan = |t: &TaskStatus| match (act, stopped(t)) {
+        (Act::Stop, true) => Plan::Wait(t.desired_revision),
+        (_, true) => Plan::Skip,
+        (_, false) => Plan::Write,
+    };
+    let mut chosen: Vec<(String, Plan)> = Vec::new();
     if targets.all {
         for t in &tasks {
-            let skip = act.refused_when_stopped() && stopped(t);
-            chosen.push((t.task.to_string(), skip));
+            chosen.push((t.task.to_string(), plan(t)));
         }
-        if chosen.iter().all(|(_, skip)| *skip) {
+        if chosen.iter().all(|(_, plan)| *plan == Plan::Skip) {
             return Err(vec![CliError::NoTasks {
                 command,
                 prefix: cli.prefix.clone(),
@@ -282,13 +294,11 @@ async fn act(cli: &Cli, act: Act, targets: &Targets) -> Outcome {
                     task: task.clone(),
                     prefix: cli.prefix.clone(),
                 }),
-                Some(t) if act.refused_when_stopped() && stopped(t) => {
-                    errors.push(CliError::Stopped {
-                        command,
-                        task: task.clone(),
-                    })
-                }
-                Some(_) => chosen.push((task.clone(), false)),
+                Some(t) if plan(t) == Plan::Skip => errors.push(CliError::Stopped {
+                    command,
+                    task: task.clone(),
+                }),
+                Some(t) => chosen.push((task.clone(), plan(t))),
             }
         }
         if !errors.is_empty() {
@@ -299,22 +309,25 @@ async fn act(cli: &Cli, act: Act, targets: &Targets) -> Outcome {
     // One deadline for all: each call gets what is left of it.
     let deadline = Instant::now() + cli.timeout;
     let mut running = Vec::new();
-    for (task, skipped) in &chosen {
-        if *skipped {
+    for (task, plan) in &chosen {
+        if *plan == Plan::Skip {
             continue;
         }
-        let (controller, task) = (controller.clone(), task.clone());
+        let (controller, task, plan) = (controller.clone(), task.clone(), *plan);
         running.push(tokio::spawn(async move {
             let started = Instant::now();
             let left = deadline.saturating_duration_since(started);
-            let result = act.call(&controller, &task, left).await;
+            let result = match plan {
+                Plan::Wait(revision) => controller.wait_for_revision(&task, revision, left).await,
+                _ => act.call(&controller, &task, left).await,
+            };
             (result, started.elapsed())
         }));
     }
     let mut answers = Vec::new();
     let mut handles = running.into_iter();
-    for (task, skipped) in &chosen {
-        let answer = if *skipped {
+    for (task, plan) in &chosen {
+        let answer = if *plan == Plan::Skip {
             Answer::Skipped
         } else {
             match handles.next() {
