@@ -10,14 +10,15 @@ cd "$(dirname "$0")/.."
 # 127.0.0.1; under CI=true a missing tool fails them instead of skipping.
 bash scripts/etcd-setup.sh
 
-echo "== every target with every feature (etcd, metrics, testing) =="
+echo "== every target with every feature (etcd, metrics, testing, cli) =="
 # One build for all of them: the features only add code, and each test file that
 # needs one says so with `required-features`. Among them: the metrics test (a
 # recording backend checks the values), the testing kit's tests and the migrate
 # example under generated schedules, the cluster's unit, property, model and etcd
 # tests, the fault suite (worker processes under SIGSTOP, kill -9, cuts to etcd, the
-# etcd leader lost, two controllers racing, 100 tasks; each merged history checked)
-# and the migrate example's cluster mode at small scale.
+# etcd leader lost, two controllers racing, 100 tasks; each merged history checked),
+# the migrate example's cluster mode at small scale, and the `taskstage` command
+# (feature cli) run as a binary against etcd and worker processes (tests/cli.rs).
 cargo test --all-targets --all-features
 echo "== compile-fail proofs of the typestate API (default features: the saved errors are theirs) =="
 cargo test --test compile_fail
