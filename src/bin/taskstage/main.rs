@@ -527,28 +527,21 @@ async fn workers(cli: &Cli) -> Outcome {
     let fail = |e| vec![CliError::cluster("workers", None, &cli.prefix, e)];
     let members = controller.workers().await.map_err(fail)?;
     let tasks = controller.list().await.map_err(fail)?;
-    // Counted from the tasks' owner keys: a worker that holds tasks is listed even
-    // when its membership key is not (yet, or any more) there.
-    let mut held: std::collections::BTreeMap<String, usize> =
-        members.iter().map(|w| (w.as_str().to_owned(), 0)).collect();
-    for owner in tasks.iter().filter_map(|t| t.owner.as_ref()) {
-        *held.entry(owner.as_str().to_owned()).or_default() += 1;
-    }
-    let member = |w: &str| members.iter().any(|m| m.as_str() == w);
+    let held = render::holdings(&members, &tasks);
     match cli.output {
         Output::Json => emit_json(
             "workers",
             &Value::Array(
                 held.iter()
-                    .map(|(w, n)| json!({"worker": w, "member": member(w), "tasks": n}))
+                    .map(|(w, member, n)| json!({"worker": w, "member": member, "tasks": n}))
                     .collect(),
             ),
         ),
         Output::Table => {
             let rows: Vec<Vec<String>> = held
                 .iter()
-                .map(|(w, n)| {
-                    let m = if member(w) { "yes" } else { "no" };
+                .map(|(w, member, n)| {
+                    let m = if *member { "yes" } else { "no" };
                     vec![w.clone(), m.to_owned(), n.to_string()]
                 })
                 .collect();

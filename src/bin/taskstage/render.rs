@@ -4,7 +4,7 @@
 //! them; new fields may be added.
 
 use serde_json::{json, Value};
-use taskstage::cluster::{CheckpointInfo, ObservedOutcome, ObservedStatus, TaskStatus};
+use taskstage::cluster::{CheckpointInfo, ObservedOutcome, ObservedStatus, TaskStatus, WorkerId};
 
 /// The outcome's name and, for a failure, its text.
 pub(crate) fn outcome(observed: Option<&ObservedStatus>) -> (Option<&'static str>, Option<&str>) {
@@ -176,9 +176,56 @@ pub(crate) fn detail(status: &TaskStatus, checkpoints: &[CheckpointInfo]) -> Str
     out
 }
 
+/// Each worker with whether it is a member and how many tasks it holds, sorted by
+/// id. Counted from the tasks' owner keys, so a worker that holds tasks is listed
+/// even when its membership key is not (yet, or any more) there.
+pub(crate) fn holdings(members: &[WorkerId], tasks: &[TaskStatus]) -> Vec<(String, bool, usize)> {
+    let mut held: std::collections::BTreeMap<&str, usize> =
+        members.iter().map(|w| (w.as_str(), 0)).collect();
+    for owner in tasks.iter().filter_map(|t| t.owner.as_ref()) {
+        *held.entry(owner.as_str()).or_default() += 1;
+    }
+    held.into_iter()
+        .map(|(w, n)| (w.to_owned(), members.iter().any(|m| m.as_str() == w), n))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use taskstage::cluster::{DesiredStage, TaskId};
+
+    fn owned_by(task: &str, owner: Option<&str>) -> TaskStatus {
+        TaskStatus {
+            task: TaskId::new(task).unwrap(),
+            desired: DesiredStage::Running,
+            desired_revision: 2,
+            owner: owner.map(|o| WorkerId::new(o).unwrap()),
+            owner_revision: owner.map(|_| 3),
+            owner_lease: owner.map(|_| 7),
+            observed: None,
+            revision: 4,
+        }
+    }
+
+    #[test]
+    fn holdings_count_owner_keys_and_show_owners_that_are_not_members() {
+        let members = [WorkerId::new("w2").unwrap(), WorkerId::new("w1").unwrap()];
+        let tasks = [
+            owned_by("a", Some("w1")),
+            owned_by("b", Some("w1")),
+            owned_by("c", None),
+            owned_by("d", Some("gone")),
+        ];
+        assert_eq!(
+            holdings(&members, &tasks),
+            [
+                ("gone".to_owned(), false, 1),
+                ("w1".to_owned(), true, 2),
+                ("w2".to_owned(), true, 0),
+            ]
+        );
+    }
 
     #[test]
     fn columns_align_on_the_widest_cell() {
