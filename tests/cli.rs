@@ -743,7 +743,7 @@ fn the_command_drives_real_workers_and_bad_input_changes_nothing() {
 
 #[test]
 fn a_pause_that_a_stubborn_unit_cannot_answer_times_out_and_names_it() {
-    let Some(setup) = Setup::start(&["w1"]) else {
+    let Some(mut setup) = Setup::start(&["w1"]) else {
         return;
     };
     let writer = setup.spec("writer.spec", "writer\n");
@@ -825,6 +825,55 @@ fn a_pause_that_a_stubborn_unit_cannot_answer_times_out_and_names_it() {
             .map(|o| o.stage.name()),
         Some("Stopped")
     );
+
+    // A watch outlives etcd: it says on stderr that the store does not answer, goes
+    // on, and still ends with exit 0 on SIGINT.
+    let mut watch = Command::new(BIN)
+        .args([
+            "--endpoints",
+            &setup.endpoints(),
+            "--prefix",
+            PREFIX,
+            "watch",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start taskstage watch");
+    let (out, err) = (
+        lines_of(watch.stdout.take().expect("stdout")),
+        lines_of(watch.stderr.take().expect("stderr")),
+    );
+    let mut watch = ChildGuard::new(watch);
+    let first = out.recv_timeout(WAIT).expect("watch printed the tasks");
+    assert!(first.contains("  ok  desired Stopped"), "{first}");
+    for member in 0..3 {
+        setup.cluster.kill_member(member);
+    }
+    let said = err
+        .recv_timeout(WAIT)
+        .expect("watch said that etcd does not answer");
+    assert!(
+        said.contains("watch: etcd unreachable") && said.ends_with("(still watching)"),
+        "{said}"
+    );
+    assert!(watch.try_wait().is_none(), "watch ended with etcd gone");
+    signal_pid(watch.pid(), rustix::process::Signal::INT);
+    assert_eq!(wait_exit(&mut watch, WAIT, "watch after SIGINT"), 0);
+}
+
+/// Each line of `pipe`, sent on a channel by a thread of its own.
+fn lines_of(pipe: impl Read + Send + 'static) -> mpsc::Receiver<String> {
+    let (send, receive) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+            if send.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    receive
 }
 
 #[test]
