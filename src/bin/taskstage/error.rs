@@ -390,3 +390,64 @@ fn desired_of(command: &str) -> &'static str {
         _ => "as it was",
     }
 }
+
+/// The exit status of a command that failed with `errors`: the highest of their
+/// codes (an unreachable store over a refusal, a refusal over nothing).
+pub(crate) fn exit_code(errors: &[CliError]) -> u8 {
+    errors.iter().map(CliError::code).max().unwrap_or(REFUSED)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_exit_status_is_the_highest_code() {
+        let timeout = || CliError::NotAnswered {
+            command: "pause",
+            task: "a".into(),
+            owner: Some("w1".into()),
+            stage: Some("Pausing".into()),
+            waited: Duration::from_secs(1),
+            desired: "Paused",
+        };
+        let unreachable = CliError::Unreachable {
+            command: "pause",
+            op: "set desired",
+            detail: "down".into(),
+        };
+        let missing = CliError::NoSuchTask {
+            command: "pause",
+            task: "b".into(),
+            prefix: "app".into(),
+        };
+        assert_eq!(exit_code(&[timeout()]), REFUSED);
+        assert_eq!(exit_code(&[timeout(), missing]), BAD_INPUT);
+        assert_eq!(exit_code(&[timeout(), unreachable, timeout()]), UNREACHABLE);
+        assert_eq!(exit_code(&[]), REFUSED);
+    }
+
+    #[test]
+    fn a_timeout_names_the_task_its_owner_its_stage_and_what_to_do() {
+        let error = CliError::NotAnswered {
+            command: "pause",
+            task: "orders".into(),
+            owner: Some("w1".into()),
+            stage: Some("Pausing".into()),
+            waited: Duration::from_millis(3_020),
+            desired: "Paused",
+        };
+        assert_eq!(
+            error.line(),
+            "taskstage: pause of task orders not answered within 3.0 s: owner w1, stuck in \
+             stage Pausing; to do: a unit of orders on worker w1 has not returned: look at \
+             its log, or `taskstage stop orders` (a stop aborts a stuck run); the desired \
+             stage stays Paused"
+        );
+        let json = error.json();
+        assert_eq!(json["error"], "timeout");
+        assert_eq!(json["stage"], "Pausing");
+        assert_eq!(json["owner"], "w1");
+        assert_eq!(json["exit_code"], 1);
+    }
+}

@@ -74,8 +74,7 @@ fn main() -> ExitCode {
                 };
                 let _ = writeln!(stderr, "{line}");
             }
-            let code = errors.iter().map(CliError::code).max().unwrap_or(1);
-            ExitCode::from(code)
+            ExitCode::from(error::exit_code(&errors))
         }
     }
 }
