@@ -889,6 +889,18 @@ fn completions_and_help_need_no_cluster() {
         taskstage_at(&dead_endpoint(), &["completions", "tcsh"]).code,
         2
     );
+    // A usage error is JSON too when JSON was asked for, in either spelling.
+    for json in [&["--output", "json"][..], &["--output=json"][..]] {
+        let ran = taskstage_at(&dead_endpoint(), &[&["frobnicate"][..], json].concat());
+        assert_eq!(ran.code, 2, "{ran:?}");
+        let errors = ran.json_errors();
+        assert_eq!(errors.len(), 1, "{ran:?}");
+        assert_eq!(errors[0]["error"], "usage");
+        assert_eq!(errors[0]["exit_code"], 2);
+        assert!(errors[0]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("frobnicate")));
+    }
     let ran = taskstage_at(&dead_endpoint(), &["--help"]);
     assert_eq!(ran.code, 0, "{ran:?}");
     assert!(ran.stdout.contains("Exit codes:"), "{ran:?}");
