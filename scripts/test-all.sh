@@ -50,8 +50,9 @@ echo "== every target with every feature =="
 # property, model and etcd tests, the fault suite (worker processes under SIGSTOP,
 # kill -9, cuts to etcd, the etcd leader lost, two controllers racing, 100 tasks; each
 # merged history checked), the randomized nemesis (60 s, a fresh seed printed first;
-# its unfenced control must fail the checker), the command line against a real
-# cluster, and the migrate example's cluster mode at small scale.
+# its unfenced control must fail the checker), the `taskstage` command (feature cli)
+# run as a binary against etcd and worker processes, and the migrate example's cluster
+# mode at small scale.
 cargo test --all-targets --all-features || failed+=("every target")
 echo "== compile-fail proofs of the typestate API (default features: the saved errors are theirs) =="
 cargo test --test compile_fail || failed+=("compile-fail")

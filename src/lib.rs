@@ -101,6 +101,10 @@
 //!   counts live runs itself, checks every pause and stop, and shrinks a failing
 //!   schedule to a minimal one with its stage timeline (`docs/testing.md`). It pulls
 //!   in `proptest` and tokio's `test-util` (the paused clock).
+//! - **`cli`** (off by default): the `taskstage` command, which operates a cluster
+//!   from the shell through the public `Controller` (`docs/cli.md`); it turns on
+//!   `etcd` and pulls in `clap`, `clap_complete` and `serde_json`. The library
+//!   itself is the same with or without it: `cargo install taskstage --features cli`.
 //!
 //! One cfg matters too: `--cfg taskstage_loom` builds the
 //! lifecycle core and its driver against `loom`'s sync types for the model tests in

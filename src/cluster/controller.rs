@@ -59,6 +59,17 @@ impl TaskStatus {
     }
 }
 
+/// A checkpoint of a task, as [`Controller::checkpoints`] lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointInfo {
+    /// Its name (the `name` given to [`Fencer::put_checkpoint`](super::Fencer::put_checkpoint)).
+    pub name: String,
+    /// Its value's size in bytes.
+    pub size: usize,
+    /// The revision of its last write.
+    pub revision: i64,
+}
+
 /// Writes desired stages and reads observed ones.
 ///
 /// Cheap to clone. Every write is a transaction; bad input is refused before
@@ -438,6 +449,104 @@ impl Controller {
         })
     }
 
+    /// Every task under the prefix with its status, read at one revision, sorted by
+    /// task id. Keys of a task without a desired stage (none that
+    /// [`Controller::create`] makes) are left out.
+    ///
+    /// # Errors
+    ///
+    /// [`ClusterError::UnknownDesired`] / [`ClusterError::Corrupt`] naming the key of
+    /// a value that cannot be decoded, [`ClusterError::Unreachable`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    pub async fn list(&self) -> Result<Vec<TaskStatus>, ClusterError> {
+        let listing = within(
+            self.op_timeout,
+            "list tasks",
+            self.coord.list(self.keys.tasks()),
+        )
+        .await?;
+        let mut by_task: std::collections::BTreeMap<TaskId, Vec<_>> = Default::default();
+        for kv in listing.kvs {
+            if let Some((task, _)) = self.keys.parse_task_key(&kv.key) {
+                by_task.entry(task).or_default().push(kv);
+            }
+        }
+        let mut tasks = Vec::with_capacity(by_task.len());
+        for (task, kvs) in by_task {
+            let one = Listing {
+                revision: listing.revision,
+                kvs,
+            };
+            match self.decode(&task, &one) {
+                Ok(status) => tasks.push(status),
+                Err(ClusterError::NoSuchTask { .. }) => {}
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(tasks)
+    }
+
+    /// The checkpoints the units of `task` wrote through their
+    /// [`Fencer`](super::Fencer): each one's name and size, sorted by name.
+    ///
+    /// # Errors
+    ///
+    /// [`ClusterError::InvalidTaskId`], [`ClusterError::NoSuchTask`],
+    /// [`ClusterError::Unreachable`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    pub async fn checkpoints(&self, task: &str) -> Result<Vec<CheckpointInfo>, ClusterError> {
+        let task = TaskId::new(task)?;
+        let listing = within(
+            self.op_timeout,
+            "read task",
+            self.coord.list(self.keys.task_dir(&task)),
+        )
+        .await?;
+        if listing.get(&self.keys.desired(&task)).is_none() {
+            return Err(ClusterError::NoSuchTask { task });
+        }
+        let prefix = self.keys.checkpoint(&task, "");
+        Ok(listing
+            .kvs
+            .iter()
+            .filter_map(|kv| {
+                Some(CheckpointInfo {
+                    name: kv.key.strip_prefix(&prefix)?.to_owned(),
+                    size: kv.value.len(),
+                    revision: kv.mod_revision,
+                })
+            })
+            .collect())
+    }
+
+    /// Returns once some key of some task changed after store revision `after` (a
+    /// [`TaskStatus::revision`]), or when `timeout` has passed, whichever is first.
+    /// It may return early; callers read again and compare, as
+    /// [`StatusWatch::changed`] does for one task.
+    ///
+    /// # Errors
+    ///
+    /// [`ClusterError::Unreachable`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    pub async fn wait_tasks_change(
+        &self,
+        after: i64,
+        timeout: Duration,
+    ) -> Result<(), ClusterError> {
+        self.coord
+            .wait_change(self.keys.tasks(), after, timeout)
+            .await
+    }
+
     /// The workers that are members now, each id once, in order: an id is listed
     /// while any incarnation of it holds a live lease.
     ///
@@ -533,5 +642,142 @@ impl StatusWatch {
                 )
                 .await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::MemoryCoordinator;
+
+    async fn put(store: &MemoryCoordinator, key: String, value: &[u8]) {
+        let txn = Txn {
+            when: Vec::new(),
+            then: vec![Op::Put {
+                key,
+                value: value.to_vec(),
+                lease: None,
+            }],
+        };
+        assert!(store.txn(txn).await.unwrap().succeeded);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn list_reads_every_task_sorted_and_as_status_does() {
+        let store = MemoryCoordinator::new();
+        let controller = Controller::new(store.clone(), "app").unwrap();
+        assert_eq!(controller.list().await.unwrap(), Vec::new());
+        controller
+            .create("b", b"x".to_vec(), DesiredStage::Running)
+            .await
+            .unwrap();
+        controller
+            .create("a", Vec::new(), DesiredStage::Paused)
+            .await
+            .unwrap();
+        // A key of no task (no desired stage), and a task under another prefix.
+        let keys = Keys::new("app").unwrap();
+        let ghost = TaskId::new("ghost").unwrap();
+        put(&store, keys.checkpoint(&ghost, "pos"), b"1").await;
+        Controller::new(store.clone(), "other")
+            .unwrap()
+            .create("c", Vec::new(), DesiredStage::Running)
+            .await
+            .unwrap();
+
+        let tasks = controller.list().await.unwrap();
+        let ids: Vec<&str> = tasks.iter().map(|t| t.task.as_str()).collect();
+        assert_eq!(ids, ["a", "b"]);
+        assert_eq!(tasks[0].revision, tasks[1].revision, "one read");
+        for listed in &tasks {
+            let status = controller.status(listed.task.as_str()).await.unwrap();
+            assert_eq!(
+                TaskStatus {
+                    revision: status.revision,
+                    ..listed.clone()
+                },
+                status
+            );
+        }
+        assert_eq!(tasks[0].desired, DesiredStage::Paused);
+        assert_eq!(tasks[1].desired, DesiredStage::Running);
+
+        // A value that cannot be decoded is named, not skipped.
+        put(&store, keys.desired(&TaskId::new("a").unwrap()), b"Bogus").await;
+        let error = controller.list().await.unwrap_err();
+        assert!(
+            matches!(&error, ClusterError::UnknownDesired { key, value } if key == "app/tasks/a/desired" && value == "Bogus"),
+            "{error}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn checkpoints_are_listed_with_their_sizes_and_only_the_tasks_own() {
+        let store = MemoryCoordinator::new();
+        let controller = Controller::new(store.clone(), "app").unwrap();
+        for task in ["a", "ab"] {
+            controller
+                .create(task, Vec::new(), DesiredStage::Paused)
+                .await
+                .unwrap();
+        }
+        assert_eq!(controller.checkpoints("a").await.unwrap(), Vec::new());
+        let keys = Keys::new("app").unwrap();
+        let (a, ab) = (TaskId::new("a").unwrap(), TaskId::new("ab").unwrap());
+        put(&store, keys.checkpoint(&a, "pos"), b"12345").await;
+        put(&store, keys.checkpoint(&a, "lsn"), b"").await;
+        put(&store, keys.checkpoint(&ab, "other"), b"1").await;
+        let found = controller.checkpoints("a").await.unwrap();
+        let named: Vec<(&str, usize)> = found.iter().map(|c| (c.name.as_str(), c.size)).collect();
+        assert_eq!(named, [("lsn", 0), ("pos", 5)]);
+        assert!(found.iter().all(|c| c.revision > 1));
+
+        assert!(matches!(
+            controller.checkpoints("nobody").await,
+            Err(ClusterError::NoSuchTask { .. })
+        ));
+        assert!(matches!(
+            controller.checkpoints("a/b").await,
+            Err(ClusterError::InvalidTaskId { .. })
+        ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn wait_tasks_change_returns_on_a_write_and_at_its_timeout() {
+        let store = MemoryCoordinator::new();
+        let controller = Controller::new(store.clone(), "app").unwrap();
+        controller
+            .create("a", Vec::new(), DesiredStage::Paused)
+            .await
+            .unwrap();
+        let at = controller.status("a").await.unwrap().revision;
+
+        let started = Instant::now();
+        controller
+            .wait_tasks_change(at, Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(started.elapsed(), Duration::from_secs(5), "nothing changed");
+
+        let waiter = {
+            let controller = controller.clone();
+            tokio::spawn(async move {
+                let started = Instant::now();
+                controller
+                    .wait_tasks_change(at, Duration::from_secs(60))
+                    .await
+                    .map(|()| started.elapsed())
+            })
+        };
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        controller
+            .set_desired("a", DesiredStage::Running)
+            .await
+            .unwrap();
+        let waited = waiter.await.unwrap().unwrap();
+        assert!(
+            waited < Duration::from_secs(2),
+            "woken by the write: {waited:?}"
+        );
     }
 }

@@ -71,7 +71,9 @@ mod keys;
 mod memory;
 mod worker;
 
-pub use self::controller::{Controller, StatusWatch, TaskStatus, DEFAULT_COMMAND_TIMEOUT};
+pub use self::controller::{
+    CheckpointInfo, Controller, StatusWatch, TaskStatus, DEFAULT_COMMAND_TIMEOUT,
+};
 pub use self::coord::{
     BoxFuture, Compare, Coordinator, Grant, KeepAlive, KeyValue, Listing, Op, Txn, TxnResult,
 };

@@ -503,6 +503,11 @@ impl ChildGuard {
     pub(crate) fn pid(&self) -> u32 {
         self.child.id()
     }
+
+    /// The child's exit status, if it has exited (reaped); `None` while it runs.
+    pub(crate) fn try_wait(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
 }
 
 impl Drop for ChildGuard {
