@@ -640,3 +640,60 @@ async fn a_worker_id_stays_listed_while_any_incarnation_lives() {
     assert_eq!(names, ["w2"]);
     other.shutdown().await.expect("a clean shutdown");
 }
+
+/// Stopped is final: a second stop of a stopped task writes nothing and returns the
+/// answer to the first, so no worker claims and rebuilds the released task only to
+/// answer a new desired revision.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_second_stop_writes_nothing_and_builds_nothing() {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    let store = MemoryCoordinator::new();
+    let builds = Arc::new(AtomicUsize::new(0));
+    let live = Arc::new(AtomicUsize::new(0));
+    let (counted, count) = (Arc::clone(&builds), Arc::clone(&live));
+    let worker = Worker::builder(store.clone(), "again", "w1")
+        .ttl(Duration::from_secs(2))
+        .stop_bound(Duration::from_millis(600))
+        .resync(Duration::from_millis(200))
+        .join(move |spec| {
+            counted.fetch_add(1, SeqCst);
+            Ok(Task::builder(spec.task.as_str()).unit(Live(Arc::clone(&count))))
+        })
+        .await
+        .expect("join");
+    let controller = Controller::new(store.clone(), "again").expect("a controller");
+    controller
+        .create("t", Vec::new(), DesiredStage::Running)
+        .await
+        .expect("create");
+    controller
+        .resume_within("t", Duration::from_secs(10))
+        .await
+        .expect("running");
+    let first = controller
+        .stop_within("t", Duration::from_secs(10))
+        .await
+        .expect("stopped");
+    let stopped = controller.status("t").await.expect("a status");
+    let built = builds.load(SeqCst);
+
+    let second = controller
+        .stop_within("t", Duration::from_secs(10))
+        .await
+        .expect("a second stop answers");
+    let after = controller.status("t").await.expect("a status");
+    assert_eq!(
+        after.desired_revision, stopped.desired_revision,
+        "the second stop wrote a new desired revision"
+    );
+    assert_eq!(second.desired_revision, first.desired_revision);
+    // Long enough for any worker to act on a write (several resync periods).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        builds.load(SeqCst),
+        built,
+        "the stopped task was built again"
+    );
+    assert_eq!(live.load(SeqCst), 0);
+    worker.shutdown().await.expect("a clean shutdown");
+}
