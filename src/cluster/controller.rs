@@ -150,7 +150,10 @@ impl Controller {
         }
     }
 
-    /// Sets the desired stage and returns its revision, without waiting.
+    /// Sets the desired stage and returns its revision, without waiting. Setting
+    /// Stopped on a task already desired Stopped writes nothing and returns the
+    /// existing revision (Stopped is final; its answer is the one already given or
+    /// on its way).
     ///
     /// # Errors
     ///
@@ -179,8 +182,15 @@ impl Controller {
     ) -> Result<i64, ClusterError> {
         let task = TaskId::new(task)?;
         let status = self.status_of(&task).await?;
-        if status.desired == DesiredStage::Stopped && desired != DesiredStage::Stopped {
-            return Err(ClusterError::Stopped { command, task });
+        if status.desired == DesiredStage::Stopped {
+            if desired != DesiredStage::Stopped {
+                return Err(ClusterError::Stopped { command, task });
+            }
+            // Stopped is final and already desired: a new revision would be one the
+            // task's terminal report does not answer, and a worker would claim and
+            // rebuild the released task only to answer it. The first stop's revision
+            // is the one to wait for.
+            return Ok(status.desired_revision);
         }
         let key = self.keys.desired(&task);
         let txn = Txn {
