@@ -552,13 +552,35 @@ async fn join_live(
     live: &Arc<std::sync::atomic::AtomicUsize>,
 ) -> Worker {
     let count = Arc::clone(live);
+    join_making(store, prefix, id, move || Live(Arc::clone(&count))).await
+}
+
+/// Joins worker `id`, building each task with one unit made by `make`.
+async fn join_making<U, F>(store: &MemoryCoordinator, prefix: &str, id: &str, make: F) -> Worker
+where
+    U: Unit,
+    F: Fn() -> U + Send + Sync + 'static,
+{
     Worker::builder(store.clone(), prefix, id)
         .ttl(Duration::from_secs(2))
         .stop_bound(Duration::from_millis(600))
         .resync(Duration::from_millis(200))
-        .join(move |spec| Ok(Task::builder(spec.task.as_str()).unit(Live(Arc::clone(&count)))))
+        .join(move |spec| Ok(Task::builder(spec.task.as_str()).unit(make())))
         .await
         .expect("join on a reachable in-memory store")
+}
+
+/// A unit that counts its live runs and ignores its cancellation: only an abort
+/// ends its run.
+struct StubbornLive(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Unit for StubbornLive {
+    async fn run(&mut self, _ctx: RunContext) -> Result<RunExit, RunError> {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let _alive = LiveGuard(Arc::clone(&self.0));
+        std::future::pending::<()>().await;
+        Ok(RunExit::Completed)
+    }
 }
 
 /// Dropping a worker ends its guard of the lease, so it stops its runs first,
@@ -571,7 +593,13 @@ async fn dropping_a_worker_stops_its_runs_whatever_a_caller_holds() {
     use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
     let store = MemoryCoordinator::new();
     let live = Arc::new(AtomicUsize::new(0));
-    let w1 = join_live(&store, "drop", "w1", &live).await;
+    // A run that ignores its cancellation: the drop must abort it at once, not leave
+    // it to a stop's grace period.
+    let count = Arc::clone(&live);
+    let w1 = join_making(&store, "drop", "w1", move || {
+        StubbornLive(Arc::clone(&count))
+    })
+    .await;
     let controller = Controller::new(store.clone(), "drop").expect("a controller");
     controller
         .create("t", Vec::new(), DesiredStage::Running)
@@ -587,12 +615,13 @@ async fn dropping_a_worker_stops_its_runs_whatever_a_caller_holds() {
     let lease = w1.lease();
     drop(w1);
 
-    // Far inside the lease's TTL (2 s): on the paused clock, polling every 10 ms.
-    let bound = tokio::time::Instant::now() + Duration::from_millis(500);
+    // At once, on the paused clock: well before the stop grace a task's owner would
+    // give it (half the stop bound, 300 ms), and far inside the lease's TTL (2 s).
+    let bound = tokio::time::Instant::now() + Duration::from_millis(100);
     while live.load(SeqCst) > 0 {
         assert!(
             tokio::time::Instant::now() <= bound,
-            "the dropped worker's run was still alive 500 ms later"
+            "the dropped worker's run was still alive 100 ms later"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -651,16 +680,11 @@ async fn a_second_stop_writes_nothing_and_builds_nothing() {
     let builds = Arc::new(AtomicUsize::new(0));
     let live = Arc::new(AtomicUsize::new(0));
     let (counted, count) = (Arc::clone(&builds), Arc::clone(&live));
-    let worker = Worker::builder(store.clone(), "again", "w1")
-        .ttl(Duration::from_secs(2))
-        .stop_bound(Duration::from_millis(600))
-        .resync(Duration::from_millis(200))
-        .join(move |spec| {
-            counted.fetch_add(1, SeqCst);
-            Ok(Task::builder(spec.task.as_str()).unit(Live(Arc::clone(&count))))
-        })
-        .await
-        .expect("join");
+    let worker = join_making(&store, "again", "w1", move || {
+        counted.fetch_add(1, SeqCst);
+        Live(Arc::clone(&count))
+    })
+    .await;
     let controller = Controller::new(store.clone(), "again").expect("a controller");
     controller
         .create("t", Vec::new(), DesiredStage::Running)

@@ -322,6 +322,15 @@ impl Inner {
         )
     }
 
+    /// Empties the view and returns the handles of the local runs it held: for an
+    /// end of the worker, which stops each of them.
+    fn take_handles(&self) -> Vec<Handle> {
+        std::mem::take(&mut *self.view())
+            .into_values()
+            .filter_map(|h| h.handle)
+            .collect()
+    }
+
     fn view(&self) -> MutexGuard<'_, BTreeMap<TaskId, Held>> {
         // Only the reconcile loop writes it, with plain inserts and removes: a
         // poisoned lock still holds a consistent map.
@@ -546,13 +555,7 @@ impl Worker {
             task.abort();
             let _ = task.await;
         }
-        let handles: Vec<Handle> = self
-            .inner
-            .view()
-            .values()
-            .filter_map(|h| h.handle.clone())
-            .collect();
-        self.inner.view().clear();
+        let handles = self.inner.take_handles();
         for handle in handles {
             // A zero grace aborts the run at once; the error only says it is gone
             // a moment later.
@@ -569,13 +572,7 @@ impl Drop for Worker {
         // the aborted loop's future is dropped, within the task's stop grace (half
         // the stop bound), still inside the lease's deadline.
         self.shutdown.cancel();
-        let handles: Vec<Handle> = self
-            .inner
-            .view()
-            .values()
-            .filter_map(|h| h.handle.clone())
-            .collect();
-        for handle in handles {
+        for handle in self.inner.take_handles() {
             handle.stop_aborting();
         }
         if let Some(task) = self.guard.take() {
