@@ -175,18 +175,24 @@ async fn a_stream_made_on_a_terminal_task_ends_at_once() {
         .is_none());
 }
 
+/// A task that ran and was paused, whose unit's close waits at `gate`.
+async fn paused_with_slow_close(name: &'static str, gate: &Arc<support::Gate>) -> Handle {
+    let task = Task::builder(name)
+        .unit(support::SlowClose(Arc::clone(gate)))
+        .spawn()
+        .unwrap();
+    task.wait_for_stage(|s| s == Stage::Running).await;
+    assert_eq!(task.pause().await.unwrap(), Stage::Paused);
+    task
+}
+
 /// A unit's `close()` is user code that may block its thread: `stop_now` and the last
 /// handle's drop issue the stop and return without running it (docs/events.md:
 /// commands that never block).
 #[tokio::test(flavor = "current_thread")]
 async fn stop_now_and_the_last_drop_do_not_run_close_in_the_caller() {
     let gate = support::Gate::new(usize::MAX);
-    let task = Task::builder("flush")
-        .unit(support::SlowClose(Arc::clone(&gate)))
-        .spawn()
-        .unwrap();
-    task.wait_for_stage(|s| s == Stage::Running).await;
-    assert_eq!(task.pause().await.unwrap(), Stage::Paused);
+    let task = paused_with_slow_close("flush", &gate).await;
     let settling = task.stop_now().unwrap();
     // Only a close running elsewhere can be let through by this line.
     gate.open();
@@ -198,12 +204,7 @@ async fn stop_now_and_the_last_drop_do_not_run_close_in_the_caller() {
     );
 
     let gate = support::Gate::new(usize::MAX);
-    let task = Task::builder("flush-on-drop")
-        .unit(support::SlowClose(Arc::clone(&gate)))
-        .spawn()
-        .unwrap();
-    task.wait_for_stage(|s| s == Stage::Running).await;
-    assert_eq!(task.pause().await.unwrap(), Stage::Paused);
+    let task = paused_with_slow_close("flush-on-drop", &gate).await;
     let mut events = task.events();
     drop(task);
     gate.open();

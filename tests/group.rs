@@ -186,6 +186,19 @@ async fn dropping_the_group_stops_its_tasks() {
     .await;
 }
 
+/// Ten tasks in New whose units' closes wait at `gate`.
+fn closing_group(gate: &Arc<support::Gate>) -> TaskGroup {
+    let mut group = TaskGroup::new();
+    for _ in 0..10 {
+        let task = Task::builder("flush")
+            .unit(support::SlowClose(Arc::clone(gate)))
+            .spawn_paused()
+            .unwrap();
+        group.add(task);
+    }
+    group
+}
+
 /// Ten tasks at rest whose closes block their threads: `stop_all` issues every stop
 /// without running a close, and its one deadline bounds the whole call; the closes
 /// run side by side (each waits at a gate that opens only when all ten wait), and the
@@ -193,14 +206,7 @@ async fn dropping_the_group_stops_its_tasks() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stop_all_shares_one_deadline_over_closes_that_block() {
     let gate = support::Gate::new(usize::MAX);
-    let mut group = TaskGroup::new();
-    for _ in 0..10 {
-        let task = Task::builder("flush")
-            .unit(support::SlowClose(Arc::clone(&gate)))
-            .spawn_paused()
-            .unwrap();
-        group.add(task);
-    }
+    let group = closing_group(&gate);
     let deadline = Duration::from_millis(300);
     let report = group.stop_all(deadline, StopOrder::AllAtOnce).await;
     // Before the gate opens: every close is still blocked, so every task is stuck.
@@ -223,14 +229,7 @@ async fn stop_all_shares_one_deadline_over_closes_that_block() {
 #[tokio::test(flavor = "current_thread")]
 async fn a_groups_closes_run_side_by_side() {
     let gate = support::Gate::new(10);
-    let mut group = TaskGroup::new();
-    for _ in 0..10 {
-        let task = Task::builder("flush")
-            .unit(support::SlowClose(Arc::clone(&gate)))
-            .spawn_paused()
-            .unwrap();
-        group.add(task);
-    }
+    let group = closing_group(&gate);
     let stopped = group
         .stop_all(Duration::from_secs(10), StopOrder::AllAtOnce)
         .await;
