@@ -37,8 +37,9 @@
 //! One allowance, the documented limit of the design: a run on a process frozen
 //! (SIGSTOP) past its lease counts as ended at the freeze if its future is dropped
 //! within `allowance` of the thaw (the worker fences itself as soon as it runs
-//! again). Such runs are counted in [`Verdict::frozen`]; their fenced writes are
-//! still checked by rule 2. A run that keeps going after the thaw counts in full.
+//! again), or if the process is killed before it is thawed (it never ran again).
+//! Such runs are counted in [`Verdict::frozen`]; their fenced writes are still
+//! checked by rules 2 and 5-7. A run that keeps going after the thaw counts in full.
 
 #![allow(dead_code)] // each includer uses a part of it
 
@@ -797,10 +798,14 @@ impl History {
             .map(|(_, t, _)| *t)
             .max();
         if let Some(frozen_at) = freeze {
+            // The freeze ends at the thaw, or at a kill that came first: a process
+            // killed while frozen never ran again (the kill is its prompt end).
             let thaw = self
                 .faults
                 .iter()
-                .filter(|(f, t, pid)| *f == Fault::Thaw && *pid == run.pid && *t >= frozen_at)
+                .filter(|(f, t, pid)| {
+                    matches!(f, Fault::Thaw | Fault::Killed) && *pid == run.pid && *t >= frozen_at
+                })
                 .map(|(_, t, _)| *t)
                 .min();
             if thaw.is_some_and(|thawed| end <= thawed.saturating_add(allowance)) {
@@ -1104,6 +1109,45 @@ mod tests {
         let v = check(&lines("drop 600 7.1"), Duration::from_nanos(100));
         assert_eq!(v.violations.len(), 1, "a run kept past the allowance: {v}");
         assert_eq!(v.frozen, 0);
+    }
+
+    #[test]
+    fn rule_1_a_frozen_owner_killed_before_its_thaw_ends_at_the_freeze() {
+        // Killed while still frozen, after w2 took over: allowed, and counted.
+        let v = check(
+            &[
+                "alive 100 7.1 t w1 1 10",
+                "freeze 150 7",
+                "alive 300 8.1 t w2 1 20",
+                "killed 400 7",
+            ],
+            NONE,
+        );
+        assert!(v.passed(), "{v}");
+        assert_eq!(v.frozen, 1);
+        // The other run began before the freeze: the overlap before it still counts.
+        let v = check(
+            &[
+                "alive 100 7.1 t w1 1 10",
+                "alive 120 8.1 t w2 1 20",
+                "freeze 150 7",
+                "killed 400 7",
+            ],
+            NONE,
+        );
+        assert_eq!(v.violations.len(), 1, "{v}");
+        // Thawed, kept going past the allowance, then killed: counts in full.
+        let v = check(
+            &[
+                "alive 100 7.1 t w1 1 10",
+                "freeze 150 7",
+                "alive 300 8.1 t w2 1 20",
+                "thaw 350 7",
+                "killed 600 7",
+            ],
+            Duration::from_nanos(100),
+        );
+        assert_eq!((v.violations.len(), v.frozen), (1, 0), "{v}");
     }
 
     #[test]
