@@ -780,14 +780,14 @@ impl History {
 
     /// The interval a run counts as alive for rules 1 and 4, and whether it was cut
     /// short at a freeze.
-    fn alive_span(&self, run: &Run, allowance: u64) -> (u64, u64, bool) {
+    fn alive_span(&self, run: &Run, allowance: u64, horizon: u64) -> (u64, u64, bool) {
         let killed = self
             .faults
             .iter()
             .filter(|(f, t, pid)| *f == Fault::Killed && *pid == run.pid && *t >= run.start)
             .map(|(_, t, _)| *t)
             .min();
-        let end = run.drop.or(killed).unwrap_or(u64::MAX);
+        let end = run.drop.or(killed).unwrap_or(horizon);
         // The last freeze of its process while it was alive, and the thaw after it.
         let freeze = self
             .faults
@@ -815,9 +815,17 @@ impl History {
         (run.start, end, false)
     }
 
-    /// Checks the four rules (module docs); `allowance` is how soon after a thaw a
+    /// Checks the rules (module docs) over a finished history, where a run with no
+    /// drop and no kill is alive for ever; `allowance` is how soon after a thaw a
     /// frozen owner must have dropped its run.
     pub(crate) fn check(&self, allowance: Duration) -> Verdict {
+        self.check_as_of(allowance, u64::MAX)
+    }
+
+    /// As [`History::check`], for a history still being written at instant `now`:
+    /// a run with no drop and no kill is alive until `now`, so a run thawed less
+    /// than `allowance` ago may still end in time and is not yet held against it.
+    pub(crate) fn check_as_of(&self, allowance: Duration, now: u64) -> Verdict {
         let allowance = allowance.as_nanos() as u64;
         let mut verdict = Verdict {
             runs: self.runs.len(),
@@ -826,7 +834,7 @@ impl History {
         // Rule 1, and the most runs of one task alive at once.
         let mut by_task: BTreeMap<&str, Vec<(u64, u64, &Run)>> = BTreeMap::new();
         for run in self.runs.values() {
-            let (start, end, frozen) = self.alive_span(run, allowance);
+            let (start, end, frozen) = self.alive_span(run, allowance, now);
             verdict.frozen += usize::from(frozen);
             by_task
                 .entry(&run.task)
@@ -1148,6 +1156,24 @@ mod tests {
             Duration::from_nanos(100),
         );
         assert_eq!((v.violations.len(), v.frozen), (1, 0), "{v}");
+    }
+
+    #[test]
+    fn rule_1_as_of_now_a_run_thawed_within_the_allowance_is_not_yet_held() {
+        let lines = [
+            "alive 100 7.1 t w1 1 10",
+            "freeze 150 7",
+            "alive 300 8.1 t w2 1 20",
+            "thaw 400 7",
+        ];
+        let history = History::from_lines(&lines).unwrap();
+        let allowance = Duration::from_nanos(100);
+        // 50 ns after the thaw it may still drop in time; 200 ns after, it did not.
+        let v = history.check_as_of(allowance, 450);
+        assert!(v.passed(), "{v}");
+        assert_eq!(history.check_as_of(allowance, 600).violations.len(), 1);
+        // Finished, never dropped: alive for ever.
+        assert_eq!(history.check(allowance).violations.len(), 1);
     }
 
     #[test]
