@@ -16,8 +16,9 @@ echo "== every target with every feature (etcd, metrics, testing) =="
 # recording backend checks the values), the testing kit's tests and the migrate
 # example under generated schedules, the cluster's unit, property, model and etcd
 # tests, the fault suite (worker processes under SIGSTOP, kill -9, cuts to etcd, the
-# etcd leader lost, two controllers racing, 100 tasks; each merged history checked)
-# and the migrate example's cluster mode at small scale.
+# etcd leader lost, two controllers racing, 100 tasks; each merged history checked),
+# the randomized nemesis (60 s, a fresh seed printed first; its unfenced control must
+# fail the checker) and the migrate example's cluster mode at small scale.
 cargo test --all-targets --all-features
 echo "== compile-fail proofs of the typestate API (default features: the saved errors are theirs) =="
 cargo test --test compile_fail
