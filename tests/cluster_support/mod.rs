@@ -220,7 +220,7 @@ impl EtcdCluster {
             let (client, peer) = (*client, *peer);
             let name = format!("m{i}");
             // A user of its own per member (unique to this test binary), owning its
-            // data directory; the log is opened here.
+            // data directory; the log is opened by `Member::spawn`.
             let uid = partitionable.then(|| 1_000_000 + std::process::id() * 8 + i as u32);
             let data = dir.join(&name);
             if let Some(uid) = uid {
