@@ -454,8 +454,10 @@ struct Counts {
     cuts: usize,
     leader_kills: usize,
     leader_freezes: usize,
-    /// A member fault drawn when no leader could be found (nothing injected).
-    no_leader: usize,
+    /// Draws skipped because their target was busy (a frozen worker drawn for a
+    /// freeze, a cut slot for a cut, a member fault while a member is out or no
+    /// leader is named).
+    skipped: usize,
     /// Most faults in effect at one instant.
     max_overlap: usize,
 }
@@ -469,6 +471,27 @@ impl Counts {
             + self.leader_kills
             + self.leader_freezes
     }
+}
+
+/// A kind of fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Freeze,
+    Kill,
+    Cut,
+    Leader,
+}
+
+/// One fault as drawn: its kind, the worker slot it targets (for a worker fault),
+/// how long it holds, a coin (a kill: restart under the same id; a leader fault:
+/// kill rather than freeze) and the delay to the next draw.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Draw {
+    kind: Kind,
+    slot: usize,
+    hold: Duration,
+    coin: bool,
+    gap: Duration,
 }
 
 /// Which faults the nemesis draws from.
@@ -505,42 +528,59 @@ impl Nemesis {
         }
     }
 
-    /// 0.5–3 TTLs.
-    fn hold(&mut self) -> Duration {
-        TTL.mul_f64(0.5 + 2.5 * self.rng.f64())
-    }
-
     /// The next fault's delay: 1–4 s.
     fn gap(&mut self) -> Duration {
         Duration::from_millis(self.rng.u64(1_000..=4_000))
     }
 
-    /// Injects one fault drawn from the seed.
-    fn inject(&mut self, fleet: &mut Fleet) {
-        // Weights: freeze 3, kill 2, cut 2, leader 2 (leader only with every member
-        // in; the control: freeze and cut, 1 each).
-        let leader_ok = self.member_out.is_none();
-        let menu: &[(u8, u32)] = match (self.menu, leader_ok) {
-            (Menu::All, true) => &[(0, 3), (1, 2), (2, 2), (3, 2)],
-            (Menu::All, false) => &[(0, 3), (1, 2), (2, 2)],
-            (Menu::FencingOnly, _) => &[(0, 1), (2, 1)],
+    /// Draws the next fault. Every draw takes the same values from the generator,
+    /// whatever the state of the fleet, so that the sequence of draws is a function
+    /// of the seed alone; [`Nemesis::inject`] skips a draw whose target is busy.
+    fn draw(&mut self) -> Draw {
+        // Weights: freeze 3, kill 2, cut 2, leader 2; the control: freeze and cut.
+        let weights: [(Kind, u32); 4] = match self.menu {
+            Menu::All => [
+                (Kind::Freeze, 3),
+                (Kind::Kill, 2),
+                (Kind::Cut, 2),
+                (Kind::Leader, 2),
+            ],
+            Menu::FencingOnly => [
+                (Kind::Freeze, 1),
+                (Kind::Kill, 0),
+                (Kind::Cut, 1),
+                (Kind::Leader, 0),
+            ],
         };
-        let total: u32 = menu.iter().map(|(_, w)| w).sum();
+        let total: u32 = weights.iter().map(|(_, w)| w).sum();
         let mut pick = self.rng.u32(..total);
-        let mut kind = menu[0].0;
-        for (k, w) in menu {
-            if pick < *w {
-                kind = *k;
+        let mut kind = Kind::Freeze;
+        for (k, w) in weights {
+            if pick < w {
+                kind = k;
                 break;
             }
             pick -= w;
         }
-        let slot = self.rng.usize(..SLOTS);
-        let hold = self.hold();
-        let now = Instant::now();
-        match kind {
-            0 => {
+        Draw {
+            kind,
+            slot: self.rng.usize(..SLOTS),
+            // 0.5–3 TTLs.
+            hold: TTL.mul_f64(0.5 + 2.5 * self.rng.f64()),
+            coin: self.rng.bool(),
+            gap: self.gap(),
+        }
+    }
+
+    /// Injects the fault `d` (drawn by [`Nemesis::draw`]), or counts it skipped when
+    /// its target is busy: a frozen worker drawn for a freeze, a cut slot for a cut,
+    /// a member fault while a member is out or no leader is named.
+    fn inject(&mut self, fleet: &mut Fleet, d: Draw) {
+        let (slot, hold, now) = (d.slot, d.hold, Instant::now());
+        match d.kind {
+            Kind::Freeze => {
                 if self.frozen[slot] {
+                    self.counts.skipped += 1;
                     return;
                 }
                 if let Some(pid) = fleet.freeze(slot) {
@@ -553,14 +593,14 @@ impl Nemesis {
                     );
                 }
             }
-            1 => {
+            Kind::Kill => {
                 // A frozen process killed: its thaw is moot.
                 self.pending
                     .retain(|(_, p)| !matches!(p, Pending::Thaw { slot: s, .. } if *s == slot));
                 self.frozen[slot] = false;
                 let old = fleet.slots[slot].id.clone();
                 fleet.kill(slot);
-                if self.rng.bool() {
+                if d.coin {
                     self.counts.kills_same_id += 1;
                 } else {
                     fleet.slots[slot].id = format!("w{}", fleet.next_id);
@@ -570,8 +610,9 @@ impl Nemesis {
                 fleet.spawn(slot);
                 eprintln!("nemesis: kill -9 {old}, started {}", fleet.slots[slot].id);
             }
-            2 => {
+            Kind::Cut => {
                 if self.cut[slot] {
+                    self.counts.skipped += 1;
                     return;
                 }
                 fleet.cluster.cut_side(slot);
@@ -583,12 +624,16 @@ impl Nemesis {
                     fleet.slots[slot].id
                 );
             }
-            _ => {
+            Kind::Leader => {
+                if self.member_out.is_some() {
+                    self.counts.skipped += 1;
+                    return;
+                }
                 let Some(member) = fleet.cluster.leader() else {
-                    self.counts.no_leader += 1;
+                    self.counts.skipped += 1;
                     return;
                 };
-                let killed = self.rng.bool();
+                let killed = d.coin;
                 if killed {
                     fleet.cluster.kill_member(member);
                     self.counts.leader_kills += 1;
@@ -910,8 +955,9 @@ async fn run_nemesis(
     while Instant::now() < end {
         nemesis.tick(fleet);
         if Instant::now() >= next_fault {
-            nemesis.inject(fleet);
-            next_fault = Instant::now() + nemesis.gap();
+            let draw = nemesis.draw();
+            nemesis.inject(fleet, draw);
+            next_fault = Instant::now() + draw.gap;
         }
         if let Some(caught) = caught.as_deref_mut() {
             if Instant::now() >= next_look {
@@ -1033,7 +1079,7 @@ async fn the_nemesis_finds_no_violation_and_the_cluster_converges() {
     let c = &nemesis.counts;
     let summary = format!(
         "nemesis summary seed={seed} secs={} faults={} freeze={} kill_same_id={} \
-         kill_new_id={} cut={} leader_kill={} leader_freeze={} no_leader={} max_overlap={} \
+         kill_new_id={} cut={} leader_kill={} leader_freeze={} skipped={} max_overlap={} \
          flips={} stops={} commands_failed={} violations={} freeze_allowances={} runs={} \
          max_live={} writes_accepted={} writes_rejected={} applied_in_etcd={} converged_tasks={} \
          convergence_s={:.2}",
@@ -1045,7 +1091,7 @@ async fn the_nemesis_finds_no_violation_and_the_cluster_converges() {
         c.cuts,
         c.leader_kills,
         c.leader_freezes,
-        c.no_leader,
+        c.skipped,
         c.max_overlap,
         commands.flips,
         commands.stops,
@@ -1131,4 +1177,50 @@ async fn without_fencing_the_nemesis_is_caught() {
         verdict.rejected, 0,
         "an unfenced write was rejected: {verdict}"
     );
+}
+
+/// The nemesis's draws, without a cluster: what `NEMESIS_SEED` promises.
+mod draws {
+    use super::*;
+
+    fn draws(seed: u64, menu: Menu, n: usize) -> Vec<Draw> {
+        let mut nemesis = Nemesis::new(seed, menu);
+        (0..n).map(|_| nemesis.draw()).collect()
+    }
+
+    #[test]
+    fn the_same_seed_draws_the_same_faults_and_another_seed_others() {
+        assert_eq!(draws(42, Menu::All, 500), draws(42, Menu::All, 500));
+        assert_ne!(draws(42, Menu::All, 500), draws(43, Menu::All, 500));
+    }
+
+    #[test]
+    fn draws_stay_within_the_menu_and_its_ranges() {
+        let all = draws(7, Menu::All, 2_000);
+        for d in &all {
+            assert!(d.hold >= TTL / 2 && d.hold <= TTL * 3, "{d:?}");
+            assert!(
+                d.gap >= Duration::from_secs(1) && d.gap <= Duration::from_secs(4),
+                "{d:?}"
+            );
+            assert!(d.slot < SLOTS, "{d:?}");
+        }
+        // Weights 3 : 2 : 2 : 2 over 2,000 draws: each kind within a wide margin of
+        // its share (667 / 444 / 444 / 444).
+        for (kind, share) in [
+            (Kind::Freeze, 667),
+            (Kind::Kill, 444),
+            (Kind::Cut, 444),
+            (Kind::Leader, 444),
+        ] {
+            let n = all.iter().filter(|d| d.kind == kind).count();
+            assert!(n.abs_diff(share) < 120, "{kind:?}: {n} of 2,000 draws");
+        }
+        let control = draws(7, Menu::FencingOnly, 2_000);
+        assert!(control
+            .iter()
+            .all(|d| matches!(d.kind, Kind::Freeze | Kind::Cut)));
+        assert!(control.iter().any(|d| d.kind == Kind::Cut));
+        assert!(control.iter().any(|d| d.kind == Kind::Freeze));
+    }
 }
