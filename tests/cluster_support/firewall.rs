@@ -170,6 +170,22 @@ impl Firewall {
         }
     }
 
+    /// Removes the rules [`Firewall::drop_port`] added for `port`, and only them.
+    ///
+    /// # Panics
+    ///
+    /// If iptables cannot remove them: the cut would not end.
+    pub(crate) fn undrop_port(&self, port: u16) {
+        let port = port.to_string();
+        for side in ["--dport", "--sport"] {
+            let mut args = words(&["-D", &self.chain]);
+            args.extend(words(&["-p", "tcp", side, &port, "-j", "DROP"]));
+            if let Err(error) = iptables(&args) {
+                panic!("removing a partition rule: {error}");
+            }
+        }
+    }
+
     /// Drops, both ways, every TCP connection that a process of user `uid` dials
     /// or has dialled to one of `ports`: what it sends there (matched by its user,
     /// which also keeps any new connection from opening), and what comes back on

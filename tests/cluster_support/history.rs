@@ -16,13 +16,30 @@
 //!    same task accepted before it was sent;
 //! 3. a task that ends owned by nobody while desired Running;
 //! 4. an observed rest stage (New, Paused, Stopped, Finished) read while a run of
-//!    the task was alive for the whole read.
+//!    the task was alive for the whole read;
+//!
+//! and, when the history holds a replay of etcd's own history of the prefix (the
+//! `owner`, `applied`, `reported` lines and a `replayed` line, written by the test
+//! from a watch from revision 1, see [`Recorder::replayed`]):
+//!
+//! 5. a fenced write that etcd applied (a unit's checkpoint, an owner's report) while
+//!    the owner key did not hold the token and owner it was fenced on;
+//! 6. a fenced write applied with a lower token than one applied at an earlier
+//!    revision (tokens going back in etcd's order; rule 2 is the same in real time);
+//! 7. a write its worker saw accepted that is not in etcd's history, or one it saw
+//!    rejected that is;
+//!
+//! and, for every `converged` line (a task read observed Running by owner X with
+//! token r once the cluster converged):
+//!
+//! 8. no run of X with token r alive at that instant.
 //!
 //! One allowance, the documented limit of the design: a run on a process frozen
 //! (SIGSTOP) past its lease counts as ended at the freeze if its future is dropped
 //! within `allowance` of the thaw (the worker fences itself as soon as it runs
-//! again). Such runs are counted in [`Verdict::frozen`]; their fenced writes are
-//! still checked by rule 2. A run that keeps going after the thaw counts in full.
+//! again), or if the process is killed before it is thawed (it never ran again).
+//! Such runs are counted in [`Verdict::frozen`]; their fenced writes are still
+//! checked by rules 2 and 5-7. A run that keeps going after the thaw counts in full.
 
 #![allow(dead_code)] // each includer uses a part of it
 
@@ -152,6 +169,35 @@ impl Recorder {
         ));
     }
 
+    /// As [`Recorder::write`], for a write that carried the unique `id` in its value
+    /// (`{pid}.{n}`), so that rule 7 can find it in etcd's history.
+    pub(crate) fn write_with_id(
+        &self,
+        task: &str,
+        worker: &str,
+        token: i64,
+        sent: u64,
+        outcome: WriteOutcome,
+        id: &str,
+    ) {
+        self.line(format!(
+            "write {sent} {} {task} {worker} {token} {} {id}",
+            now_ns(),
+            outcome.name()
+        ));
+    }
+
+    /// Records one entry of etcd's replayed history.
+    pub(crate) fn replay(&self, entry: &Replayed) {
+        self.line(entry.line());
+    }
+
+    /// At convergence, a read answered at `at` saw `task` observed Running by
+    /// `worker` with token `token`.
+    pub(crate) fn converged(&self, at: u64, task: &str, worker: &str, token: i64) {
+        self.line(format!("converged {at} {task} {worker} {token}"));
+    }
+
     /// Records a fault injected into process `pid`, now.
     pub(crate) fn fault(&self, fault: Fault, pid: u32) {
         self.line(format!("{} {} {pid}", fault.name(), now_ns()));
@@ -166,6 +212,81 @@ impl Recorder {
     /// Records a task's final desired stage and owner.
     pub(crate) fn end(&self, task: &str, desired: &str, owner: Option<&str>) {
         self.line(format!("final {task} {desired} {}", owner.unwrap_or("-")));
+    }
+}
+
+/// One entry of etcd's history of the prefix, as a test replays it (rules 5-7).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Replayed {
+    /// At `revision`, the task's owner key was written: created at `owner.0` with
+    /// value `owner.1` (`worker@lease`); `None`: deleted.
+    Owner {
+        /// The revision of the write.
+        revision: i64,
+        /// The task.
+        task: String,
+        /// The key's create revision and value, or `None` when it was deleted.
+        owner: Option<(i64, String)>,
+    },
+    /// At `revision`, a unit's checkpoint write `id`, fenced on `owner_value` and
+    /// `token`, was applied.
+    Applied {
+        /// The revision of the write.
+        revision: i64,
+        /// The task.
+        task: String,
+        /// The owner key's value the write was fenced on.
+        owner_value: String,
+        /// The token it was fenced on.
+        token: i64,
+        /// The write's unique id.
+        id: String,
+    },
+    /// At `revision`, an owner's report, by `owner` with token `token`, was applied.
+    Reported {
+        /// The revision of the write.
+        revision: i64,
+        /// The task.
+        task: String,
+        /// The reporting worker.
+        owner: String,
+        /// Its token.
+        token: i64,
+    },
+    /// The history was read up to `revision`.
+    Done {
+        /// The last revision read.
+        revision: i64,
+    },
+}
+
+impl Replayed {
+    /// The history line for this entry.
+    pub(crate) fn line(&self) -> String {
+        match self {
+            Replayed::Owner {
+                revision,
+                task,
+                owner,
+            } => match owner {
+                Some((create, value)) => format!("owner {revision} {task} {create} {value}"),
+                None => format!("owner {revision} {task} 0 -"),
+            },
+            Replayed::Applied {
+                revision,
+                task,
+                owner_value,
+                token,
+                id,
+            } => format!("applied {revision} {task} {owner_value} {token} {id}"),
+            Replayed::Reported {
+                revision,
+                task,
+                owner,
+                token,
+            } => format!("reported {revision} {task} {owner} {token}"),
+            Replayed::Done { revision } => format!("replayed {revision}"),
+        }
     }
 }
 
@@ -225,6 +346,25 @@ struct FencedWrite {
     worker: String,
     token: i64,
     outcome: WriteOutcome,
+    /// The unique id the write carried in its value, when it carried one.
+    id: Option<String>,
+}
+
+/// A write of an owner key in etcd's history, as replayed: (revision, task, and
+/// `Some((create revision, value))`, or `None` when it was deleted).
+type OwnerKey = (i64, String, Option<(i64, String)>);
+
+/// A fenced write in etcd's history, as replayed.
+#[derive(Debug, Clone)]
+struct AppliedWrite {
+    revision: i64,
+    task: String,
+    /// The owner key's value the write was fenced on (for a report: its worker
+    /// and `@`, the lease unknown).
+    owner: String,
+    token: i64,
+    /// The write's id, for a unit's checkpoint; `None` for a report.
+    id: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -243,6 +383,14 @@ pub(crate) struct History {
     faults: Vec<(Fault, u64, u32)>,
     observations: Vec<Observation>,
     finals: Vec<(String, String, Option<String>)>,
+    /// Replay: the owner keys' writes.
+    owner_keys: Vec<OwnerKey>,
+    /// Replay: the fenced writes etcd applied.
+    applied: Vec<AppliedWrite>,
+    /// Replay: up to which revision etcd's history was read, if it was.
+    replayed: Option<i64>,
+    /// (instant, task, worker, token) observed Running at convergence.
+    converged: Vec<(u64, String, String, i64)>,
 }
 
 /// A broken rule, with what broke it.
@@ -278,6 +426,65 @@ pub(crate) enum Violation {
         /// The run alive for the whole read.
         run: String,
     },
+    /// Rule 5: a fenced write applied while the owner key held another token.
+    AppliedUnfenced {
+        /// The task.
+        task: String,
+        /// The revision etcd applied it at.
+        revision: i64,
+        /// The owner value and token it was fenced on.
+        fenced_on: (String, i64),
+        /// The owner key then: its value and create revision, if it existed.
+        owner_then: Option<(String, i64)>,
+    },
+    /// Rule 6: a fenced write applied with a lower token than an earlier one.
+    TokenBack {
+        /// The task.
+        task: String,
+        /// The revision of the write with the lower token.
+        revision: i64,
+        /// Its token.
+        token: i64,
+        /// The higher token applied at an earlier revision.
+        after: i64,
+    },
+    /// Rule 7: a write seen accepted that etcd does not have.
+    AcceptedMissing {
+        /// The task.
+        task: String,
+        /// The write's id.
+        id: String,
+    },
+    /// Rule 7: a write seen rejected that etcd applied.
+    RejectedApplied {
+        /// The task.
+        task: String,
+        /// The write's id.
+        id: String,
+    },
+    /// Rule 8: observed Running by an owner at convergence, and no run of it alive.
+    NoLiveRun {
+        /// The task.
+        task: String,
+        /// The owner and token observed.
+        owner: (String, i64),
+    },
+}
+
+impl Violation {
+    /// The rule's number (module docs).
+    pub(crate) fn rule(&self) -> usize {
+        match self {
+            Violation::Overlap { .. } => 1,
+            Violation::StaleAccepted { .. } => 2,
+            Violation::Orphaned { .. } => 3,
+            Violation::FalseRest { .. } => 4,
+            Violation::AppliedUnfenced { .. } => 5,
+            Violation::TokenBack { .. } => 6,
+            Violation::AcceptedMissing { .. } | Violation::RejectedApplied { .. } => 7,
+            Violation::NoLiveRun { .. } => 8,
+        }
+    }
 }
 
 impl fmt::Display for Violation {
@@ -301,6 +508,42 @@ impl fmt::Display for Violation {
             Violation::FalseRest { task, stage, run } => {
                 write!(f, "{task} was observed {stage} while run {run} was alive")
             }
+            Violation::AppliedUnfenced {
+                task,
+                revision,
+                fenced_on,
+                owner_then,
+            } => write!(
+                f,
+                "a write of {task} fenced on {} token {} was applied at revision {revision} \
+                 while the owner key was {owner_then:?}",
+                fenced_on.0, fenced_on.1
+            ),
+            Violation::TokenBack {
+                task,
+                revision,
+                token,
+                after,
+            } => write!(
+                f,
+                "a write of {task} with token {token} was applied at revision {revision}, \
+                 after one with token {after}"
+            ),
+            Violation::AcceptedMissing { task, id } => {
+                write!(
+                    f,
+                    "write {id} of {task} was seen accepted and is not in etcd"
+                )
+            }
+            Violation::RejectedApplied { task, id } => {
+                write!(f, "write {id} of {task} was seen rejected and is in etcd")
+            }
+            Violation::NoLiveRun { task, owner } => write!(
+                f,
+                "{task} was observed Running by {} with token {} at convergence, and no \
+                 such run was alive",
+                owner.0, owner.1
+            ),
         }
     }
 }
@@ -321,6 +564,21 @@ pub(crate) struct Verdict {
     pub rejected: usize,
     /// Runs on a frozen process counted as ended at the freeze (see the module docs).
     pub frozen: usize,
+    /// Fenced writes found in etcd's replayed history (rules 5–7), if it was replayed.
+    pub applied: Option<usize>,
+    /// Tasks checked at convergence (rule 8).
+    pub converged: usize,
+}
+
+impl Verdict {
+    /// How many violations of each rule (index 0: rule 1).
+    pub(crate) fn per_rule(&self) -> [usize; 8] {
+        let mut counts = [0; 8];
+        for v in &self.violations {
+            counts[v.rule() - 1] += 1;
+        }
+        counts
+    }
 }
 
 impl Verdict {
@@ -343,6 +601,15 @@ impl fmt::Display for Verdict {
             self.frozen,
             self.violations.len()
         )?;
+        if let Some(applied) = self.applied {
+            write!(
+                f,
+                " (etcd's history replayed: {applied} fenced writes applied; {} tasks \
+                 checked at convergence; per rule 1..8: {:?})",
+                self.converged,
+                self.per_rule()
+            )?;
+        }
         for v in self.violations.iter().take(10) {
             write!(f, "\n  - {v}")?;
         }
@@ -424,14 +691,40 @@ impl History {
                 );
             }
             ("drop", 3) => self.runs.get_mut(f[2])?.drop = Some(n(1)?),
-            ("write", 7) => self.writes.push(FencedWrite {
+            ("write", 7 | 8) => self.writes.push(FencedWrite {
                 sent: n(1)?,
                 acked: n(2)?,
                 task: f[3].to_owned(),
                 worker: f[4].to_owned(),
                 token: f[5].parse().ok()?,
                 outcome: parse_outcome(f[6])?,
+                id: f.get(7).map(|s| (*s).to_owned()),
             }),
+            ("owner", 5) => {
+                let create: i64 = f[3].parse().ok()?;
+                let owner = (create != 0).then(|| (create, f[4].to_owned()));
+                self.owner_keys
+                    .push((f[1].parse().ok()?, f[2].to_owned(), owner));
+            }
+            ("applied", 6) => self.applied.push(AppliedWrite {
+                revision: f[1].parse().ok()?,
+                task: f[2].to_owned(),
+                owner: f[3].to_owned(),
+                token: f[4].parse().ok()?,
+                id: Some(f[5].to_owned()),
+            }),
+            ("reported", 5) => self.applied.push(AppliedWrite {
+                revision: f[1].parse().ok()?,
+                task: f[2].to_owned(),
+                owner: format!("{}@", f[3]),
+                token: f[4].parse().ok()?,
+                id: None,
+            }),
+            ("replayed", 2) => self.replayed = Some(f[1].parse().ok()?),
+            ("converged", 5) => {
+                self.converged
+                    .push((n(1)?, f[2].to_owned(), f[3].to_owned(), f[4].parse().ok()?))
+            }
             (kind @ ("freeze" | "thaw" | "killed"), 3) => {
                 let fault = match kind {
                     "freeze" => Fault::Freeze,
@@ -456,6 +749,18 @@ impl History {
         Some(())
     }
 
+    /// Adds the entries of etcd's replayed history (as [`Recorder::replay`] writes
+    /// them).
+    pub(crate) fn add_replay(&mut self, entries: &[Replayed]) {
+        for entry in entries {
+            let added = self.add(&entry.line());
+            assert!(
+                added.is_some(),
+                "a replay line that does not parse: {entry:?}"
+            );
+        }
+    }
+
     /// How many runs of process `pid` have no drop recorded.
     pub(crate) fn alive_runs_of(&self, pid: u32) -> usize {
         self.runs
@@ -475,14 +780,14 @@ impl History {
 
     /// The interval a run counts as alive for rules 1 and 4, and whether it was cut
     /// short at a freeze.
-    fn alive_span(&self, run: &Run, allowance: u64) -> (u64, u64, bool) {
+    fn alive_span(&self, run: &Run, allowance: u64, horizon: u64) -> (u64, u64, bool) {
         let killed = self
             .faults
             .iter()
             .filter(|(f, t, pid)| *f == Fault::Killed && *pid == run.pid && *t >= run.start)
             .map(|(_, t, _)| *t)
             .min();
-        let end = run.drop.or(killed).unwrap_or(u64::MAX);
+        let end = run.drop.or(killed).unwrap_or(horizon);
         // The last freeze of its process while it was alive, and the thaw after it.
         let freeze = self
             .faults
@@ -493,10 +798,14 @@ impl History {
             .map(|(_, t, _)| *t)
             .max();
         if let Some(frozen_at) = freeze {
+            // The freeze ends at the thaw, or at a kill that came first: a process
+            // killed while frozen never ran again (the kill is its prompt end).
             let thaw = self
                 .faults
                 .iter()
-                .filter(|(f, t, pid)| *f == Fault::Thaw && *pid == run.pid && *t >= frozen_at)
+                .filter(|(f, t, pid)| {
+                    matches!(f, Fault::Thaw | Fault::Killed) && *pid == run.pid && *t >= frozen_at
+                })
                 .map(|(_, t, _)| *t)
                 .min();
             if thaw.is_some_and(|thawed| end <= thawed.saturating_add(allowance)) {
@@ -506,9 +815,17 @@ impl History {
         (run.start, end, false)
     }
 
-    /// Checks the four rules (module docs); `allowance` is how soon after a thaw a
+    /// Checks the rules (module docs) over a finished history, where a run with no
+    /// drop and no kill is alive for ever; `allowance` is how soon after a thaw a
     /// frozen owner must have dropped its run.
     pub(crate) fn check(&self, allowance: Duration) -> Verdict {
+        self.check_as_of(allowance, u64::MAX)
+    }
+
+    /// As [`History::check`], for a history still being written at instant `now`:
+    /// a run with no drop and no kill is alive until `now`, so a run thawed less
+    /// than `allowance` ago may still end in time and is not yet held against it.
+    pub(crate) fn check_as_of(&self, allowance: Duration, now: u64) -> Verdict {
         let allowance = allowance.as_nanos() as u64;
         let mut verdict = Verdict {
             runs: self.runs.len(),
@@ -517,7 +834,7 @@ impl History {
         // Rule 1, and the most runs of one task alive at once.
         let mut by_task: BTreeMap<&str, Vec<(u64, u64, &Run)>> = BTreeMap::new();
         for run in self.runs.values() {
-            let (start, end, frozen) = self.alive_span(run, allowance);
+            let (start, end, frozen) = self.alive_span(run, allowance, now);
             verdict.frozen += usize::from(frozen);
             by_task
                 .entry(&run.task)
@@ -602,7 +919,122 @@ impl History {
                 });
             }
         }
+        if self.replayed.is_some() {
+            verdict.applied = Some(self.applied.iter().filter(|a| a.id.is_some()).count());
+            self.check_replay(&mut verdict);
+        }
+        self.check_converged(&mut verdict);
         verdict
+    }
+
+    /// Rules 5, 6 and 7, over etcd's replayed history.
+    fn check_replay(&self, verdict: &mut Verdict) {
+        // Rules 5 and 6: walk the owner keys and the applied writes in revision
+        // order; a write is checked against the owner key as it was before its own
+        // revision (a transaction's compares see the state before it).
+        enum Event<'a> {
+            Write(&'a AppliedWrite),
+            Owner(&'a str, Option<&'a (i64, String)>),
+        }
+        let mut events: Vec<(i64, u8, Event<'_>)> = Vec::new();
+        for a in &self.applied {
+            events.push((a.revision, 0, Event::Write(a)));
+        }
+        for (revision, task, owner) in &self.owner_keys {
+            events.push((*revision, 1, Event::Owner(task, owner.as_ref())));
+        }
+        events.sort_by_key(|(revision, order, _)| (*revision, *order));
+        let mut owners: BTreeMap<&str, Option<&(i64, String)>> = BTreeMap::new();
+        let mut highest: BTreeMap<&str, i64> = BTreeMap::new();
+        for (revision, _, event) in &events {
+            match event {
+                Event::Owner(task, owner) => {
+                    owners.insert(task, *owner);
+                }
+                Event::Write(w) => {
+                    let owner = owners.get(w.task.as_str()).copied().flatten();
+                    let held = owner.is_some_and(|(create, value)| {
+                        *create == w.token
+                            && if w.owner.ends_with('@') {
+                                value.starts_with(&w.owner)
+                            } else {
+                                *value == w.owner
+                            }
+                    });
+                    if !held {
+                        verdict.violations.push(Violation::AppliedUnfenced {
+                            task: w.task.clone(),
+                            revision: *revision,
+                            fenced_on: (w.owner.clone(), w.token),
+                            owner_then: owner.map(|(create, value)| (value.clone(), *create)),
+                        });
+                    }
+                    let top = highest.entry(&w.task).or_insert(i64::MIN);
+                    if w.token < *top {
+                        verdict.violations.push(Violation::TokenBack {
+                            task: w.task.clone(),
+                            revision: *revision,
+                            token: w.token,
+                            after: *top,
+                        });
+                    }
+                    *top = (*top).max(w.token);
+                }
+            }
+        }
+        // Rule 7.
+        let in_etcd: std::collections::BTreeSet<&str> = self
+            .applied
+            .iter()
+            .filter_map(|a| a.id.as_deref())
+            .collect();
+        for w in &self.writes {
+            let Some(id) = &w.id else { continue };
+            let found = in_etcd.contains(id.as_str());
+            match w.outcome {
+                WriteOutcome::Accepted if !found => {
+                    verdict.violations.push(Violation::AcceptedMissing {
+                        task: w.task.clone(),
+                        id: id.clone(),
+                    });
+                }
+                WriteOutcome::Rejected if found => {
+                    verdict.violations.push(Violation::RejectedApplied {
+                        task: w.task.clone(),
+                        id: id.clone(),
+                    });
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Rule 8: at each `converged` line, a run of the observed owner with the
+    /// observed token is alive (started, and neither dropped nor killed).
+    fn check_converged(&self, verdict: &mut Verdict) {
+        verdict.converged = self.converged.len();
+        for (at, task, worker, token) in &self.converged {
+            let alive = self.runs.values().any(|run| {
+                let killed = self
+                    .faults
+                    .iter()
+                    .filter(|(f, t, pid)| *f == Fault::Killed && *pid == run.pid && *t >= run.start)
+                    .map(|(_, t, _)| *t)
+                    .min();
+                let end = run.drop.or(killed).unwrap_or(u64::MAX);
+                run.task == *task
+                    && run.worker == *worker
+                    && run.token == *token
+                    && run.start <= *at
+                    && end > *at
+            });
+            if !alive {
+                verdict.violations.push(Violation::NoLiveRun {
+                    task: task.clone(),
+                    owner: (worker.clone(), *token),
+                });
+            }
+        }
     }
 }
 
@@ -688,6 +1120,63 @@ mod tests {
     }
 
     #[test]
+    fn rule_1_a_frozen_owner_killed_before_its_thaw_ends_at_the_freeze() {
+        // Killed while still frozen, after w2 took over: allowed, and counted.
+        let v = check(
+            &[
+                "alive 100 7.1 t w1 1 10",
+                "freeze 150 7",
+                "alive 300 8.1 t w2 1 20",
+                "killed 400 7",
+            ],
+            NONE,
+        );
+        assert!(v.passed(), "{v}");
+        assert_eq!(v.frozen, 1);
+        // The other run began before the freeze: the overlap before it still counts.
+        let v = check(
+            &[
+                "alive 100 7.1 t w1 1 10",
+                "alive 120 8.1 t w2 1 20",
+                "freeze 150 7",
+                "killed 400 7",
+            ],
+            NONE,
+        );
+        assert_eq!(v.violations.len(), 1, "{v}");
+        // Thawed, kept going past the allowance, then killed: counts in full.
+        let v = check(
+            &[
+                "alive 100 7.1 t w1 1 10",
+                "freeze 150 7",
+                "alive 300 8.1 t w2 1 20",
+                "thaw 350 7",
+                "killed 600 7",
+            ],
+            Duration::from_nanos(100),
+        );
+        assert_eq!((v.violations.len(), v.frozen), (1, 0), "{v}");
+    }
+
+    #[test]
+    fn rule_1_as_of_now_a_run_thawed_within_the_allowance_is_not_yet_held() {
+        let lines = [
+            "alive 100 7.1 t w1 1 10",
+            "freeze 150 7",
+            "alive 300 8.1 t w2 1 20",
+            "thaw 400 7",
+        ];
+        let history = History::from_lines(&lines).unwrap();
+        let allowance = Duration::from_nanos(100);
+        // 50 ns after the thaw it may still drop in time; 200 ns after, it did not.
+        let v = history.check_as_of(allowance, 450);
+        assert!(v.passed(), "{v}");
+        assert_eq!(history.check_as_of(allowance, 600).violations.len(), 1);
+        // Finished, never dropped: alive for ever.
+        assert_eq!(history.check(allowance).violations.len(), 1);
+    }
+
+    #[test]
     fn rule_2_an_accepted_write_with_a_lower_token_fails() {
         let v = check(
             &[
@@ -741,6 +1230,218 @@ mod tests {
             NONE,
         );
         assert!(ok.passed(), "{ok}");
+    }
+
+    /// A clean replay: w1 owns t with token 10 and writes twice; its lease ends;
+    /// w2 takes it with token 20; w1's late write is rejected and absent.
+    const CLEAN_REPLAY: [&str; 12] = [
+        "alive 100 7.1 t w1 1 10",
+        "owner 10 t 10 w1@a",
+        "write 110 120 t w1 10 accepted 7.1",
+        "applied 11 t w1@a 10 7.1",
+        "reported 12 t w1 10",
+        "drop 200 7.1",
+        "owner 13 t 0 -",
+        "owner 20 t 20 w2@b",
+        "alive 300 8.1 t w2 1 20",
+        "write 310 320 t w1 10 rejected 7.2",
+        "write 330 340 t w2 20 accepted 8.1",
+        "applied 21 t w2@b 20 8.1",
+    ];
+
+    fn with(lines: &[&str], more: &[&'static str]) -> Vec<String> {
+        lines
+            .iter()
+            .chain(more.iter())
+            .map(|s| (*s).to_owned())
+            .collect()
+    }
+
+    fn check_owned(lines: &[String]) -> Verdict {
+        let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
+        check(&lines, NONE)
+    }
+
+    #[test]
+    fn a_clean_replay_passes_and_counts_what_it_checked() {
+        let v = check_owned(&with(&CLEAN_REPLAY, &["replayed 21"]));
+        assert!(v.passed(), "{v}");
+        assert_eq!(v.applied, Some(2));
+        // Without a replay line, rules 5-7 are not applied (and say so).
+        let v = check(&CLEAN_REPLAY, NONE);
+        assert_eq!(v.applied, None);
+    }
+
+    #[test]
+    fn rule_5_a_write_applied_under_another_owner_key_fails() {
+        // w1's late write with token 10, applied while w2's key (20) is in place.
+        let v = check_owned(&with(
+            &CLEAN_REPLAY,
+            &["applied 22 t w1@a 10 7.3", "replayed 22"],
+        ));
+        assert!(
+            v.violations.iter().any(|x| matches!(x,
+                Violation::AppliedUnfenced { revision: 22, owner_then: Some((o, 20)), .. }
+                    if o == "w2@b")),
+            "{v}"
+        );
+        // Applied while no owner key existed at all.
+        let v = check_owned(&with(
+            &CLEAN_REPLAY[..7],
+            &["applied 14 t w1@a 10 7.3", "replayed 14"],
+        ));
+        assert!(
+            matches!(
+                &v.violations[..],
+                [Violation::AppliedUnfenced {
+                    owner_then: None,
+                    ..
+                }]
+            ),
+            "{v}"
+        );
+        // The right token under another lease of the same worker: the value differs.
+        let v = check_owned(&with(
+            &CLEAN_REPLAY,
+            &["applied 22 t w2@c 20 8.9", "replayed 22"],
+        ));
+        assert_eq!(v.per_rule()[4], 1, "{v}");
+        // A report by an owner that does not hold the key.
+        let v = check_owned(&with(
+            &CLEAN_REPLAY,
+            &["reported 22 t w1 10", "replayed 22"],
+        ));
+        assert_eq!(v.per_rule()[4], 1, "{v}");
+    }
+
+    #[test]
+    fn rule_6_a_token_going_back_in_revision_order_fails() {
+        // Rule 6 on its own: an owner key created again with a lower create
+        // revision (which etcd never does) satisfies rule 5, and the token still
+        // goes back.
+        let v = check(
+            &[
+                "owner 1 t 20 w2@b",
+                "applied 2 t w2@b 20 8.1",
+                "owner 3 t 10 w1@a",
+                "applied 4 t w1@a 10 7.1",
+                "replayed 4",
+            ],
+            NONE,
+        );
+        assert!(
+            matches!(
+                &v.violations[..],
+                [Violation::TokenBack {
+                    revision: 4,
+                    token: 10,
+                    after: 20,
+                    ..
+                }]
+            ),
+            "{v}"
+        );
+    }
+
+    #[test]
+    fn rule_7_acknowledgements_must_match_etcd() {
+        // Seen accepted, not in etcd.
+        let v = check_owned(&with(
+            &CLEAN_REPLAY,
+            &["write 350 360 t w2 20 accepted 8.2", "replayed 21"],
+        ));
+        assert!(
+            matches!(&v.violations[..], [Violation::AcceptedMissing { id, .. }] if id == "8.2"),
+            "{v}"
+        );
+        // Seen rejected, in etcd (applied under w1's own key: rule 5 holds).
+        let mut lines = with(&CLEAN_REPLAY[..6], &[]);
+        lines.push("write 150 160 t w1 10 rejected 7.5".into());
+        lines.push("applied 12 t w1@a 10 7.5".into());
+        lines.push("replayed 12".into());
+        let v = check_owned(&lines);
+        assert!(
+            matches!(&v.violations[..], [Violation::RejectedApplied { id, .. }] if id == "7.5"),
+            "{v}"
+        );
+        // An unknown outcome may be either.
+        let v = check_owned(&with(
+            &CLEAN_REPLAY,
+            &["write 350 360 t w2 20 unknown 8.2", "replayed 21"],
+        ));
+        assert!(v.passed(), "{v}");
+    }
+
+    #[test]
+    fn rule_8_observed_running_at_convergence_needs_that_run_alive() {
+        // 8.1 (w2, token 20) is alive at 400: passes.
+        let v = check_owned(&with(&CLEAN_REPLAY, &["converged 400 t w2 20"]));
+        assert!(v.passed(), "{v}");
+        assert_eq!(v.converged, 1);
+        // The wrong token, the wrong worker, a dropped run, a killed process.
+        for bad in [
+            "converged 400 t w2 10",
+            "converged 400 t w1 10",
+            "converged 250 t w1 10",
+        ] {
+            let v = check_owned(&with(&CLEAN_REPLAY, &[bad]));
+            assert!(
+                matches!(&v.violations[..], [Violation::NoLiveRun { .. }]),
+                "{bad}: {v}"
+            );
+        }
+        let v = check_owned(&with(
+            &CLEAN_REPLAY,
+            &["killed 350 8", "converged 400 t w2 20"],
+        ));
+        assert_eq!(v.per_rule()[7], 1, "{v}");
+        // Converged before the run started.
+        let v = check_owned(&with(&CLEAN_REPLAY, &["converged 250 t w2 20"]));
+        assert_eq!(v.per_rule()[7], 1, "{v}");
+    }
+
+    #[test]
+    fn replayed_entries_are_history_lines() {
+        let entries = [
+            Replayed::Owner {
+                revision: 10,
+                task: "t".into(),
+                owner: Some((10, "w1@a".into())),
+            },
+            Replayed::Applied {
+                revision: 11,
+                task: "t".into(),
+                owner_value: "w1@a".into(),
+                token: 10,
+                id: "7-1".into(),
+            },
+            Replayed::Reported {
+                revision: 12,
+                task: "t".into(),
+                owner: "w1".into(),
+                token: 10,
+            },
+            Replayed::Owner {
+                revision: 13,
+                task: "t".into(),
+                owner: None,
+            },
+            Replayed::Done { revision: 13 },
+        ];
+        let mut history = History::default();
+        history.add_replay(&entries);
+        let v = history.check(NONE);
+        assert!(v.passed(), "{v}");
+        assert_eq!(v.applied, Some(1));
+        // The same entries with the report after the key's deletion: rule 5.
+        let mut late = entries.to_vec();
+        late.swap(2, 3);
+        if let Replayed::Reported { revision, .. } = &mut late[3] {
+            *revision = 14;
+        }
+        let mut history = History::default();
+        history.add_replay(&late);
+        assert_eq!(history.check(NONE).per_rule()[4], 1);
     }
 
     #[test]

@@ -3,8 +3,11 @@
 //! pid (SIGTERM, then SIGKILL) when its guard drops, also when a test fails or
 //! panics; and a probe unit that counts its live runs and writes fenced checkpoints.
 //!
-//! Each member listens for clients on two ports: the usual one, and a side port
-//! for one client that a test can cut off (see [`EtcdCluster::side_endpoints`]).
+//! Each member listens for clients on the usual port and on one or more side ports,
+//! one per client that a test can cut off on its own (see
+//! [`EtcdCluster::side_endpoints_of`]). A member killed or frozen can be brought
+//! back with the same data directory and ports ([`EtcdCluster::restart_member`],
+//! [`EtcdCluster::thaw_member`]).
 //!
 //! When no `etcd` binary is found (on `PATH`, or at `$ETCD_BIN`), a test is skipped
 //! with a line saying so, except under `CI=true`, where it fails.
@@ -43,13 +46,48 @@ pub(crate) struct EtcdCluster {
 struct Member {
     name: String,
     client_url: String,
-    /// The second client port, for [`EtcdCluster::cut_side_clients`].
-    side_port: u16,
+    /// The side client ports, for [`EtcdCluster::cut_side`].
+    side_ports: Vec<u16>,
     peer_port: u16,
     /// The user the member runs as, when partitionable: its own, so that an
     /// iptables rule can tell the connections it dials from its peers'.
     uid: Option<u32>,
+    /// How to start it again: the binary, its arguments, its log file.
+    binary: PathBuf,
+    args: Vec<std::ffi::OsString>,
+    log: PathBuf,
     child: Option<Child>,
+}
+
+impl Member {
+    /// Starts the member (again), appending to its log.
+    fn spawn(&self) -> Child {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("open a member's log file");
+        let log_err = log.try_clone().expect("clone the log file handle");
+        let mut command = Command::new(&self.binary);
+        if let Some(uid) = self.uid {
+            command.uid(uid);
+        }
+        command
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log_err)
+            .spawn()
+            .expect("spawn an etcd member")
+    }
+
+    fn client_port(&self) -> u16 {
+        self.client_url
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .expect("a client URL ends with its port")
+    }
 }
 
 fn etcd_binary() -> Option<PathBuf> {
@@ -111,10 +149,22 @@ impl EtcdCluster {
     /// As [`EtcdCluster::start_or_skip`]; and under `CI=true` when iptables does
     /// not work.
     pub(crate) fn start_partitionable(n: usize) -> Option<EtcdCluster> {
-        EtcdCluster::start(n, true)
+        EtcdCluster::start_with(n, true, 1)
+    }
+
+    /// As [`EtcdCluster::start_partitionable`], with `sides` side client ports per
+    /// member: side `k` of every member is for one client that [`EtcdCluster::cut_side`]
+    /// cuts off alone.
+    pub(crate) fn start_partitionable_sides(n: usize, sides: usize) -> Option<EtcdCluster> {
+        EtcdCluster::start_with(n, true, sides)
     }
 
     fn start(n: usize, partitionable: bool) -> Option<EtcdCluster> {
+        EtcdCluster::start_with(n, partitionable, 1)
+    }
+
+    fn start_with(n: usize, partitionable: bool, sides: usize) -> Option<EtcdCluster> {
+        assert!((1..=8).contains(&sides), "1 to 8 side ports");
         assert!(n <= 8, "at most 8 members");
         let Some(binary) = etcd_binary() else {
             let ci = std::env::var("CI").is_ok_and(|v| v == "true");
@@ -145,9 +195,15 @@ impl EtcdCluster {
         };
         let dir = base.join(format!("taskstage-etcd-{}-{stamp}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("create the cluster's temporary directory");
-        // (client, side client, peer) per member.
-        let ports: Vec<(u16, u16, u16)> = (0..n)
-            .map(|_| (free_port(), free_port(), free_port()))
+        // (client, side clients, peer) per member.
+        let ports: Vec<(u16, Vec<u16>, u16)> = (0..n)
+            .map(|_| {
+                (
+                    free_port(),
+                    (0..sides).map(|_| free_port()).collect(),
+                    free_port(),
+                )
+            })
             .collect();
         let initial: Vec<String> = ports
             .iter()
@@ -160,13 +216,11 @@ impl EtcdCluster {
             dir: dir.clone(),
             _turn: turn,
         };
-        for (i, &(client, side, peer)) in ports.iter().enumerate() {
+        for (i, (client, sides, peer)) in ports.iter().enumerate() {
+            let (client, peer) = (*client, *peer);
             let name = format!("m{i}");
-            let log = std::fs::File::create(dir.join(format!("{name}.log")))
-                .expect("create a member's log file");
-            let log_err = log.try_clone().expect("clone the log file handle");
             // A user of its own per member (unique to this test binary), owning its
-            // data directory; the log is opened here.
+            // data directory; the log is opened by `Member::spawn`.
             let uid = partitionable.then(|| 1_000_000 + std::process::id() * 8 + i as u32);
             let data = dir.join(&name);
             if let Some(uid) = uid {
@@ -177,39 +231,51 @@ impl EtcdCluster {
                 std::os::unix::fs::chown(&data, Some(uid), None)
                     .expect("give a member its data directory");
             }
-            let clients = format!("http://127.0.0.1:{client},http://127.0.0.1:{side}");
-            let mut command = Command::new(&binary);
-            if let Some(uid) = uid {
-                command.uid(uid);
-            }
-            let child = command
-                .args(["--name", &name])
-                .arg("--data-dir")
-                .arg(&data)
-                .args(["--listen-client-urls", &clients])
-                .args(["--advertise-client-urls", &clients])
-                .args(["--listen-peer-urls", &format!("http://127.0.0.1:{peer}")])
-                .args([
-                    "--initial-advertise-peer-urls",
-                    &format!("http://127.0.0.1:{peer}"),
-                ])
-                .args(["--initial-cluster", &initial.join(",")])
-                .args(["--initial-cluster-token", &format!("taskstage-{stamp}")])
-                .args(["--initial-cluster-state", "new"])
-                .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
-                .stdin(Stdio::null())
-                .stdout(log)
-                .stderr(log_err)
-                .spawn()
-                .expect("spawn an etcd member");
-            cluster.members.push(Member {
+            let mut clients = vec![format!("http://127.0.0.1:{client}")];
+            clients.extend(sides.iter().map(|side| format!("http://127.0.0.1:{side}")));
+            let clients = clients.join(",");
+            // With its data directory in place, a member started again with these
+            // arguments rejoins as itself (the initial-cluster flags are ignored).
+            let args: Vec<std::ffi::OsString> = [
+                "--name",
+                &name,
+                "--data-dir",
+                &data.to_string_lossy(),
+                "--listen-client-urls",
+                &clients,
+                "--advertise-client-urls",
+                &clients,
+                "--listen-peer-urls",
+                &format!("http://127.0.0.1:{peer}"),
+                "--initial-advertise-peer-urls",
+                &format!("http://127.0.0.1:{peer}"),
+                "--initial-cluster",
+                &initial.join(","),
+                "--initial-cluster-token",
+                &format!("taskstage-{stamp}"),
+                "--initial-cluster-state",
+                "new",
+                "--heartbeat-interval",
+                "50",
+                "--election-timeout",
+                "500",
+            ]
+            .iter()
+            .map(std::ffi::OsString::from)
+            .collect();
+            let mut member = Member {
+                log: dir.join(format!("{name}.log")),
                 name,
                 client_url: format!("http://127.0.0.1:{client}"),
-                side_port: side,
+                side_ports: sides.clone(),
                 peer_port: peer,
                 uid,
-                child: Some(child),
-            });
+                binary: binary.clone(),
+                args,
+                child: None,
+            };
+            member.child = Some(member.spawn());
+            cluster.members.push(member);
         }
         // Bounded: 20 s, polling every 50 ms.
         let started = Instant::now();
@@ -245,6 +311,27 @@ impl EtcdCluster {
         }
     }
 
+    /// Starts member `i` again after [`EtcdCluster::kill_member`], with the same
+    /// data directory, ports and user (nothing if it is running).
+    pub(crate) fn restart_member(&mut self, i: usize) {
+        if self.members[i].child.is_none() {
+            let child = self.members[i].spawn();
+            self.members[i].child = Some(child);
+        }
+    }
+
+    /// Whether member `i` runs and answers `/health` with `"health":"true"` (it is
+    /// part of a quorum).
+    pub(crate) fn member_healthy(&self, i: usize) -> bool {
+        let member = &self.members[i];
+        member.child.is_some() && healthy(member.client_port())
+    }
+
+    /// How many members there are.
+    pub(crate) fn len(&self) -> usize {
+        self.members.len()
+    }
+
     /// Freezes member `i` (SIGSTOP): it keeps its connections open and answers
     /// nothing, as a hung machine would. The guard thaws it before stopping it.
     pub(crate) fn freeze_member(&mut self, i: usize) {
@@ -263,9 +350,15 @@ impl EtcdCluster {
     /// Every member's side client URL: for the one client that
     /// [`EtcdCluster::cut_side_clients`] cuts off.
     pub(crate) fn side_endpoints(&self) -> Vec<String> {
+        self.side_endpoints_of(0)
+    }
+
+    /// Every member's side client URL `k`: for the one client that
+    /// [`EtcdCluster::cut_side`]`(k)` cuts off.
+    pub(crate) fn side_endpoints_of(&self, k: usize) -> Vec<String> {
         self.members
             .iter()
-            .map(|m| format!("http://127.0.0.1:{}", m.side_port))
+            .map(|m| format!("http://127.0.0.1:{}", m.side_ports[k]))
             .collect()
     }
 
@@ -284,8 +377,29 @@ impl EtcdCluster {
     ///
     /// If the cluster was not started so, or iptables refuses a rule.
     pub(crate) fn cut_side_clients(&mut self) {
+        self.cut_side(0);
+    }
+
+    /// Cuts every member's side client port `k`, both ways, as
+    /// [`EtcdCluster::cut_side_clients`] does for side 0; the other sides keep theirs.
+    ///
+    /// # Panics
+    ///
+    /// If the cluster was not started partitionable, or iptables refuses a rule.
+    pub(crate) fn cut_side(&mut self, k: usize) {
         for member in &self.members {
-            self.firewall().drop_port(member.side_port);
+            self.firewall().drop_port(member.side_ports[k]);
+        }
+    }
+
+    /// Ends the cut of side `k` alone (removes its rules, and only them).
+    ///
+    /// # Panics
+    ///
+    /// If the cluster was not started partitionable, or iptables cannot remove them.
+    pub(crate) fn heal_side(&mut self, k: usize) {
+        for member in &self.members {
+            self.firewall().undrop_port(member.side_ports[k]);
         }
     }
 
@@ -319,7 +433,10 @@ impl EtcdCluster {
 
     /// How many members answer `/health` on their side client port.
     pub(crate) fn side_ports_answering(&self) -> usize {
-        self.members.iter().filter(|m| healthy(m.side_port)).count()
+        self.members
+            .iter()
+            .filter(|m| healthy(m.side_ports[0]))
+            .count()
     }
 
     /// Whether member `i` answers a linearizable read (a range through etcd's JSON
