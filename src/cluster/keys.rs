@@ -423,8 +423,35 @@ mod tests {
             assert!(TaskId::new(bad).is_err(), "{bad:?} was accepted");
             assert!(WorkerId::new(bad).is_err(), "{bad:?} was accepted");
         }
-        assert!(TaskId::new("x".repeat(129)).is_err());
         assert!(TaskId::new("orders-1.v2_x").is_ok());
+    }
+
+    #[test]
+    fn ids_of_up_to_128_bytes_are_accepted_and_longer_ones_refused() {
+        let longest = "x".repeat(MAX_ID_LEN);
+        assert_eq!(
+            TaskId::new(longest.clone()).map(|t| t.0),
+            Ok(longest.clone())
+        );
+        assert_eq!(WorkerId::new(longest.clone()).map(|w| w.0), Ok(longest));
+        // Bytes, not characters: 64 two-byte characters are 128 bytes.
+        assert!(TaskId::new("é".repeat(64)).is_ok());
+        assert!(TaskId::new("é".repeat(65)).is_err());
+        let too_long = "x".repeat(MAX_ID_LEN + 1);
+        assert!(matches!(
+            TaskId::new(too_long.clone()),
+            Err(ClusterError::InvalidTaskId {
+                reason: "it is longer than 128 bytes",
+                ..
+            })
+        ));
+        assert!(matches!(
+            WorkerId::new(too_long),
+            Err(ClusterError::InvalidWorkerId {
+                reason: "it is longer than 128 bytes",
+                ..
+            })
+        ));
     }
 
     #[test]
