@@ -97,8 +97,10 @@ edit() {
   printf '%s' "$spec" | python3 -c "$EDIT_PY" "$file" "$anchor"
 }
 
-# The command a suite name stands for: `--lib`, `--test NAME [FILTER]`, or
-# `loom FILTER` (the loom models, built with their cfg in release mode).
+# The command a suite name stands for: `[FEATURES] --lib [FILTER]`,
+# `[FEATURES] --test NAME [FILTER]` (FEATURES: `--all-features` or `--features LIST`,
+# for the layers behind a feature), or `loom FILTER` (the loom models, built with their
+# cfg in release mode).
 suite_label() {
   case $1 in
     loom\ *) echo "\`cargo test --release --test loom ${1#loom } (cfg taskstage_loom)\`" ;;
@@ -122,8 +124,17 @@ suite_cmd() { # MODE SUITE
     *)
       read -r -a args <<<"$suite"
       if [[ $mode == build ]]; then
-        # A test-name filter is not a build argument.
-        CMD=(cargo test "${args[@]:0:2}" --no-run)
+        # The features and the target are build arguments; a test-name filter is not.
+        local n=0
+        case ${args[0]} in
+          --all-features) n=1 ;;
+          --features) n=2 ;;
+        esac
+        case ${args[n]} in
+          --lib) n=$((n + 1)) ;;
+          --test) n=$((n + 2)) ;;
+        esac
+        CMD=(cargo test "${args[@]:0:n}" --no-run)
       else
         CMD=(cargo test "${args[@]}")
       fi ;;
@@ -567,6 +578,163 @@ m31() {
                 {
                     tracing::warn!("run ignored cancellation after the last handle was dropped");
                 }
+EOF
+}
+
+# ---- the cluster: lease, fence, keys, controller, worker, etcd coordinator
+
+m32() {
+  WHERE="cluster/worker.rs: WorkerBuilder::check"
+  MUTANT="the drift ρ is turned into parts per hundred instead of per thousand: the lease deadline leaves a tenth of the drift allowance"
+  SUITE="--all-features --test cluster_promises the_lease_deadline"
+  edit src/cluster/worker.rs <<'EOF'
+        let rho = (self.drift * 1000.0).ceil() as u64;
+@@@@
+        let rho = (self.drift * 100.0).ceil() as u64;
+EOF
+}
+
+m33() {
+  WHERE="cluster/worker.rs: Session::run"
+  MUTANT="a keep-alive answer moves the deadline to sent + TTL − stop bound, without the drift allowance"
+  SUITE="--all-features --test cluster_promises the_lease_deadline"
+  edit src/cluster/worker.rs <<'EOF'
+                        decide::stop_at(sent, ttl_ms, timing.rho_permille, timing.stop_bound_ms);
+@@@@
+                        decide::stop_at(sent, ttl_ms, 0, timing.stop_bound_ms);
+EOF
+}
+
+m34() {
+  WHERE="cluster/controller.rs: Controller::set"
+  MUTANT="the desired stage is written unconditionally (no compare with the revision read): set_desired is no longer a compare-and-set"
+  SUITE="--all-features --test cluster_promises set_desired"
+  edit src/cluster/controller.rs <<'EOF'
+            when: vec![Compare::ModRevision(key.clone(), status.desired_revision)],
+@@@@
+            when: vec![],
+EOF
+}
+
+m35() {
+  WHERE="cluster/worker.rs: step"
+  MUTANT="a worker has room while it holds as many tasks as its capacity (<= for <): it claims one task too many"
+  SUITE="--all-features --test cluster_promises capacity"
+  edit src/cluster/worker.rs <<'EOF'
+        capacity_left: held < inner.capacity,
+@@@@
+        capacity_left: held <= inner.capacity,
+EOF
+}
+
+m36() {
+  WHERE="cluster/fence.rs: FenceToken::compares"
+  MUTANT="a fenced write compares only the owner key's value (worker and lease), not its create revision: a stale token of the same worker under the same lease is accepted"
+  SUITE="--all-features --lib cluster::fence"
+  edit src/cluster/fence.rs <<'EOF'
+            Compare::CreateRevision(owner.clone(), self.revision),
+            Compare::Value(owner, owner_value(&self.worker, self.lease).into_bytes()),
+@@@@
+            Compare::Value(owner, owner_value(&self.worker, self.lease).into_bytes()),
+EOF
+}
+
+m37() {
+  WHERE="cluster/keys.rs: check_id"
+  MUTANT="an id of exactly 128 bytes is refused (>= for >)"
+  SUITE="--all-features --lib cluster::keys"
+  edit src/cluster/keys.rs <<'EOF'
+    if id.len() > MAX_ID_LEN {
+@@@@
+    if id.len() >= MAX_ID_LEN {
+EOF
+}
+
+m38() {
+  WHERE="cluster/etcd.rs: EtcdCoordinator::keep_alive"
+  MUTANT="a keep-alive answered \"lease not found\" is read as an answer that keeps the lease alive"
+  SUITE="--all-features --test cluster_etcd a_keep_alive_of_a_lease_that_no_longer_exists"
+  edit src/cluster/etcd.rs <<'EOF'
+                        Err(error) if lease_not_found(&error) => Ok(false),
+@@@@
+                        Err(error) if lease_not_found(&error) => Ok(true),
+EOF
+}
+
+# ---- groups
+
+m39() {
+  WHERE="runtime/group.rs: GroupEvents::poll_next"
+  MUTANT="the merged stream starts its next poll at the task that just yielded instead of the one after it: one task's backlog starves the others"
+  SUITE="--test group the_merged_stream_takes_turns"
+  edit src/runtime/group.rs <<'EOF'
+                    this.next = (index + 1) % count;
+@@@@
+                    this.next = index;
+EOF
+}
+
+m40() {
+  WHERE="runtime/group.rs: TaskGroup::stop_all, all at once"
+  MUTANT="each stop is given the whole deadline as its grace: a stubborn run is aborted only at the deadline, and stop_all overruns it"
+  SUITE="--test group stop_all_aborts"
+  edit src/runtime/group.rs <<'EOF'
+                    .map(|task| task.stop_now_within(deadline / 2))
+@@@@
+                    .map(|task| task.stop_now_within(deadline))
+EOF
+}
+
+m41() {
+  WHERE="runtime/group.rs: TaskGroup::stop_all, reverse order"
+  MUTANT="in reverse order each stop is given all that is left as its grace, not half: the first stubborn stop eats the whole deadline"
+  SUITE="--test group stop_all_aborts"
+  edit src/runtime/group.rs <<'EOF'
+                    let result = match task.stop_now_within(left / 2) {
+@@@@
+                    let result = match task.stop_now_within(left) {
+EOF
+}
+
+# ---- a unit's close
+
+m42() {
+  WHERE="lifecycle/driver.rs: close_one"
+  MUTANT="a unit's close is called without catching its panic"
+  SUITE="--test runtime a_close_that_panics"
+  edit src/lifecycle/driver.rs <<'EOF'
+    if catch_unwind(AssertUnwindSafe(|| unit.close())).is_err() {
+        tracing::error!("a unit's close panicked");
+    }
+@@@@
+    unit.close();
+EOF
+}
+
+# ---- the testing kit
+
+m43() {
+  WHERE="testing/probe.rs: Watched::prepare"
+  MUTANT="a pre-start check is not counted alive (only runs are)"
+  SUITE="--all-features --lib testing::"
+  edit src/testing/probe.rs <<'EOF'
+        let _live = self.probe.enter(id);
+        let probe = Arc::clone(&self.probe);
+@@@@
+        let _ = id;
+        let probe = Arc::clone(&self.probe);
+EOF
+}
+
+m44() {
+  WHERE="testing/runner.rs: Driver::end"
+  MUTANT="the end of a schedule checks for two live runs but not for a run still alive at the final rest stage"
+  SUITE="--all-features --lib testing::"
+  edit src/testing/runner.rs <<'EOF'
+        self.overlap()?;
+        self.nothing_live(Command::Resume, end.stage)?;
+@@@@
+        self.overlap()?;
 EOF
 }
 
