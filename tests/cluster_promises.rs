@@ -6,7 +6,7 @@
 //! Each test here kills a mutant of `scripts/mutation-check.sh` that every other
 //! suite let through (see docs/mutants.md).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -75,13 +75,40 @@ async fn the_lease_deadline_leaves_the_drift_and_the_stop_bound() {
     worker.shutdown().await.expect("shutdown");
 }
 
-/// A coordinator that forwards to the in-memory store and, once armed, lets another
-/// writer change a task's desired stage just before the next write of a desired stage
-/// arrives: the race `set_desired`'s compare exists for, on cue.
+/// A write another writer makes, staged to land just before a transaction that
+/// writes the same kind of key: the key's last component, the value and the lease.
+type Staged = (&'static str, Vec<u8>, Option<i64>);
+
+/// A coordinator that forwards to the in-memory store and, once a write is staged,
+/// applies it to the key of the next transaction that puts a key with the staged
+/// name, just before that transaction: the race a compare exists for, on cue.
 #[derive(Clone)]
 struct Racing {
     store: MemoryCoordinator,
-    armed: Arc<AtomicBool>,
+    staged: Arc<std::sync::Mutex<Option<Staged>>>,
+}
+
+impl Racing {
+    fn new(store: &MemoryCoordinator) -> Racing {
+        Racing {
+            store: store.clone(),
+            staged: Arc::default(),
+        }
+    }
+
+    fn stage(&self, name: &'static str, value: &[u8], lease: Option<i64>) {
+        *self.lock() = Some((name, value.to_vec(), lease));
+    }
+
+    fn landed(&self) -> bool {
+        self.lock().is_none()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Staged>> {
+        self.staged
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 impl Coordinator for Racing {
@@ -103,22 +130,24 @@ impl Coordinator for Racing {
 
     fn txn(&self, txn: Txn) -> BoxFuture<'_, Result<TxnResult, ClusterError>> {
         Box::pin(async move {
-            let desired = txn.then.iter().find_map(|op| match op {
-                Op::Put { key, .. } if key.ends_with("/desired") => Some(key.clone()),
-                _ => None,
-            });
-            if let Some(key) = desired {
-                if self.armed.swap(false, Ordering::SeqCst) {
-                    let other = Txn {
-                        when: Vec::new(),
-                        then: vec![Op::Put {
-                            key,
-                            value: b"Paused".to_vec(),
-                            lease: None,
-                        }],
-                    };
-                    self.store.txn(other).await?;
-                }
+            let other = {
+                let mut staged = self.lock();
+                let key = staged.as_ref().and_then(|(name, _, _)| {
+                    txn.then.iter().find_map(|op| match op {
+                        Op::Put { key, .. } if key.rsplit('/').next() == Some(name) => {
+                            Some(key.clone())
+                        }
+                        _ => None,
+                    })
+                });
+                key.and_then(|key| staged.take().map(|(_, value, lease)| (key, value, lease)))
+            };
+            if let Some((key, value, lease)) = other {
+                let other = Txn {
+                    when: Vec::new(),
+                    then: vec![Op::Put { key, value, lease }],
+                };
+                self.store.txn(other).await?;
             }
             self.store.txn(txn).await
         })
@@ -139,23 +168,19 @@ impl Coordinator for Racing {
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn set_desired_is_a_compare_and_set_on_the_desired_stage() {
     let store = MemoryCoordinator::new();
-    let armed = Arc::new(AtomicBool::new(false));
-    let racing = Racing {
-        store: store.clone(),
-        armed: Arc::clone(&armed),
-    };
-    let controller = Controller::new(racing, "cas").expect("a controller");
+    let racing = Racing::new(&store);
+    let controller = Controller::new(racing.clone(), "cas").expect("a controller");
     controller
         .create("t", Vec::new(), DesiredStage::Running)
         .await
         .expect("create");
-    armed.store(true, Ordering::SeqCst);
+    racing.stage("desired", b"Paused", None);
     let result = controller.set_desired("t", DesiredStage::Stopped).await;
     assert!(
         matches!(&result, Err(ClusterError::Conflict { task, .. }) if task.as_str() == "t"),
         "a desired stage changed between the read and the write was overwritten: {result:?}"
     );
-    assert!(!armed.load(Ordering::SeqCst), "the race was never staged");
+    assert!(racing.landed(), "the race was never staged");
     let status = controller.status("t").await.expect("status");
     assert_eq!(
         status.desired,
@@ -215,4 +240,189 @@ async fn a_worker_holds_no_more_tasks_than_its_capacity() {
     assert!(third.iter().all(|t| !w1.tasks().contains(t)));
     w1.shutdown().await.expect("shutdown w1");
     w2.shutdown().await.expect("shutdown w2");
+}
+
+/// A run that counts itself alive (and the most alive at once) until its future goes.
+struct Counted {
+    alive: Arc<std::sync::atomic::AtomicUsize>,
+    most: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+struct Leaves(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for Leaves {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Unit for Counted {
+    async fn run(&mut self, ctx: RunContext) -> Result<RunExit, RunError> {
+        // SeqCst: counters read by the test on the same runtime.
+        let now = self.alive.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most.fetch_max(now, Ordering::SeqCst);
+        let _leaves = Leaves(Arc::clone(&self.alive));
+        ctx.cancelled().await;
+        Ok(RunExit::Cancelled)
+    }
+}
+
+type Counters = (
+    Arc<std::sync::atomic::AtomicUsize>,
+    Arc<std::sync::atomic::AtomicUsize>,
+);
+
+async fn join_counted(
+    store: &MemoryCoordinator,
+    prefix: &str,
+    id: &str,
+    counters: &Counters,
+) -> Worker {
+    let (alive, most) = (Arc::clone(&counters.0), Arc::clone(&counters.1));
+    Worker::builder(store.clone(), prefix, id)
+        .ttl(Duration::from_secs(2))
+        .stop_bound(Duration::from_millis(600))
+        .resync(Duration::from_millis(200))
+        .join(move |spec| {
+            Ok(Task::builder(spec.task.as_str()).unit(Counted {
+                alive: Arc::clone(&alive),
+                most: Arc::clone(&most),
+            }))
+        })
+        .await
+        .expect("join on the in-memory store")
+}
+
+/// A keep-alive answered "expired" ends the worker at once: its runs are stopped
+/// before the deadline it had, `closed` returns `LeaseLost`, and the store has
+/// dropped the keys under the lease, so the task is free for another worker.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_worker_whose_lease_is_gone_stops_its_runs_and_ends() {
+    let store = MemoryCoordinator::new();
+    let counters: Counters = Default::default();
+    let mut worker = join_counted(&store, "lost", "w1", &counters).await;
+    let controller = Controller::new(store.clone(), "lost").expect("a controller");
+    controller
+        .create("t", Vec::new(), DesiredStage::Running)
+        .await
+        .expect("create");
+    controller
+        .resume_within("t", Duration::from_secs(10))
+        .await
+        .expect("running on w1");
+    assert_eq!(counters.0.load(Ordering::SeqCst), 1);
+    let deadline = worker.stop_deadline().expect("a lease deadline");
+
+    store.expire_lease(worker.lease());
+    let closed = tokio::time::timeout(Duration::from_secs(10), worker.closed())
+        .await
+        .expect("the worker did not end after its lease expired");
+    assert!(
+        matches!(&closed, Err(ClusterError::LeaseLost { worker }) if worker.as_str() == "w1"),
+        "{closed:?}"
+    );
+    assert!(worker.is_finished());
+    assert_eq!(
+        counters.0.load(Ordering::SeqCst),
+        0,
+        "a run outlived the lease"
+    );
+    assert!(
+        Instant::now() < deadline,
+        "the runs were stopped by the deadline, not by the expiry"
+    );
+    let status = controller.status("t").await.expect("status");
+    assert_eq!(status.owner, None, "the owner key outlived its lease");
+    drop(worker);
+
+    let w2 = join_counted(&store, "lost", "w2", &counters).await;
+    let running = controller
+        .resume_within("t", Duration::from_secs(10))
+        .await
+        .expect("running on w2");
+    assert_eq!(running.owner.as_str(), "w2");
+    assert_eq!(counters.1.load(Ordering::SeqCst), 1, "two runs at once");
+    w2.shutdown().await.expect("shutdown");
+}
+
+/// Stopped is final: a later desired stage other than Stopped is refused and changes
+/// nothing.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_stopped_task_stays_stopped() {
+    let store = MemoryCoordinator::new();
+    let controller = Controller::new(store.clone(), "final").expect("a controller");
+    controller
+        .create("t", Vec::new(), DesiredStage::Running)
+        .await
+        .expect("create");
+    let stopped = controller
+        .set_desired("t", DesiredStage::Stopped)
+        .await
+        .expect("stop");
+    for desired in [DesiredStage::Running, DesiredStage::Paused] {
+        let refused = controller.set_desired("t", desired).await;
+        assert!(
+            matches!(&refused, Err(ClusterError::Stopped { task, .. }) if task.as_str() == "t"),
+            "{desired}: {refused:?}"
+        );
+    }
+    let status = controller.status("t").await.expect("status");
+    assert_eq!(
+        (status.desired, status.desired_revision),
+        (DesiredStage::Stopped, stopped)
+    );
+}
+
+/// A claim creates the owner key only if it is absent: a worker that lists the task
+/// unowned and claims it just after another worker did leaves the other's key alone.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_claim_never_overwrites_another_workers_owner_key() {
+    let store = MemoryCoordinator::new();
+    let controller = Controller::new(store.clone(), "race").expect("a controller");
+    controller
+        .create("t", Vec::new(), DesiredStage::Running)
+        .await
+        .expect("create");
+    // The other worker's claim, staged to land just before w1's.
+    let other = store.grant(Duration::from_secs(60)).await.expect("grant");
+    let racing = Racing::new(&store);
+    racing.stage(
+        "owner",
+        format!("w0@{:x}", other.id).as_bytes(),
+        Some(other.id),
+    );
+    let counters: Counters = Default::default();
+    let (alive, most) = (Arc::clone(&counters.0), Arc::clone(&counters.1));
+    let w1 = Worker::builder(racing.clone(), "race", "w1")
+        .ttl(Duration::from_secs(2))
+        .stop_bound(Duration::from_millis(600))
+        .resync(Duration::from_millis(200))
+        .join(move |spec| {
+            Ok(Task::builder(spec.task.as_str()).unit(Counted {
+                alive: Arc::clone(&alive),
+                most: Arc::clone(&most),
+            }))
+        })
+        .await
+        .expect("join");
+    eventually(Duration::from_secs(5), "w1 claiming the task", || {
+        racing.landed().then_some(())
+    })
+    .await;
+    // A few resyncs for w1 to act on a claim it wrongly thinks it won.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let status = controller.status("t").await.expect("status");
+    assert_eq!(
+        status.owner.as_ref().map(|w| w.as_str()),
+        Some("w0"),
+        "w1's claim overwrote w0's owner key"
+    );
+    assert_eq!(status.owner_lease, Some(other.id));
+    assert!(w1.tasks().is_empty(), "w1 holds {:?}", w1.tasks());
+    assert_eq!(
+        counters.1.load(Ordering::SeqCst),
+        0,
+        "w1 ran a task it does not own"
+    );
+    w1.shutdown().await.expect("shutdown w1");
 }
