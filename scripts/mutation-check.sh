@@ -738,6 +738,347 @@ m44() {
 EOF
 }
 
+m45() {
+  WHERE="cluster/worker.rs: Session::run"
+  MUTANT="a keep-alive answered Expired ends the session without clearing the deadline: the runs go on until the old deadline and the worker never reports LeaseLost"
+  SUITE="--all-features --test cluster_promises a_worker_whose_lease_is_gone"
+  edit src/cluster/worker.rs <<'EOF'
+                    lease_tx.send_replace(LeaseState { stop_at: None });
+                    inner.wake.notify_one();
+@@@@
+                    inner.wake.notify_one();
+EOF
+}
+
+m46() {
+  WHERE="cluster/worker.rs: claim"
+  MUTANT="a claim puts the owner key without comparing that it is absent: it overwrites another worker's claim"
+  SUITE="--all-features --test cluster_promises a_claim_never_overwrites"
+  edit src/cluster/worker.rs <<'EOF'
+        when: vec![super::coord::Compare::Absent(owner.clone())],
+@@@@
+        when: vec![],
+EOF
+}
+
+m47() {
+  WHERE="cluster/controller.rs: Controller::set"
+  MUTANT="the Stopped-is-final check tests the new desired stage instead of the stored one: a stopped task can be resumed"
+  SUITE="--all-features --test cluster_promises a_stopped_task_stays_stopped"
+  edit src/cluster/controller.rs <<'EOF'
+        if status.desired == DesiredStage::Stopped && desired != DesiredStage::Stopped {
+@@@@
+        if desired == DesiredStage::Stopped && status.desired != DesiredStage::Stopped {
+EOF
+}
+
+m48() {
+  WHERE="cluster/keys.rs: check_id"
+  MUTANT="an id containing '@' (the owner value's separator) is accepted"
+  SUITE="--all-features --lib cluster::keys"
+  edit src/cluster/keys.rs <<'EOF'
+    if id.contains('@') {
+        return Err("it contains '@', which separates the owner value");
+    }
+@@@@
+EOF
+}
+
+m49() {
+  WHERE="cluster/fence.rs: FenceToken::compares"
+  MUTANT="a fenced write compares only the owner key's create revision, not its value: a token naming another worker or lease is accepted"
+  SUITE="--all-features --lib cluster::fence"
+  edit src/cluster/fence.rs <<'EOF'
+            Compare::CreateRevision(owner.clone(), self.revision),
+            Compare::Value(owner, owner_value(&self.worker, self.lease).into_bytes()),
+@@@@
+            Compare::CreateRevision(owner, self.revision),
+EOF
+}
+
+m50() {
+  WHERE="cluster/fence.rs: Fencer::fenced"
+  MUTANT="a rejected fenced write returns Fenced but does not mark the fencer rejected (the worker is not told to stop the run)"
+  SUITE="--all-features --lib cluster::fence"
+  edit src/cluster/fence.rs <<'EOF'
+            self.mark_rejected();
+            Err(ClusterError::Fenced {
+@@@@
+            Err(ClusterError::Fenced {
+EOF
+}
+
+m51() {
+  WHERE="cluster/decide.rs: lease_allows"
+  MUTANT="the lease still allows runs at the deadline itself (<= for <)"
+  SUITE="--all-features --lib cluster::decide"
+  edit src/cluster/decide.rs <<'EOF'
+    stop_at.is_some_and(|deadline| now < deadline)
+@@@@
+    stop_at.is_some_and(|deadline| now <= deadline)
+EOF
+}
+
+m52() {
+  WHERE="cluster/decide.rs: decide, desired Running"
+  MUTANT="a task Paused by a failure is resumed again for the same desired revision (invariant 4 lost: a failing run is retried for ever)"
+  SUITE="--all-features --lib cluster::decide"
+  edit src/cluster/decide.rs <<'EOF'
+            Stage::Paused if view.acted != Some(revision) => Some(Action::Resume { revision }),
+@@@@
+            Stage::Paused => Some(Action::Resume { revision }),
+EOF
+}
+
+m53() {
+  WHERE="cluster/decide.rs: decide, unowned task"
+  MUTANT="a task whose terminal status answers its desired revision is claimed again"
+  SUITE="--all-features --lib cluster::decide"
+  edit src/cluster/decide.rs <<'EOF'
+            Ownership::Unowned if view.capacity_left && !view.settled => Some(Action::Claim),
+@@@@
+            Ownership::Unowned if view.capacity_left => Some(Action::Claim),
+EOF
+}
+
+m54() {
+  WHERE="cluster/memory.rs: State::drop_lease"
+  MUTANT="the in-memory store drops an expired lease but keeps the keys attached to it (etcd deletes them)"
+  SUITE="--all-features --test cluster_promises a_worker_whose_lease_is_gone"
+  edit src/cluster/memory.rs <<'EOF'
+            for key in keys {
+                self.kvs.remove(&key);
+            }
+@@@@
+            let _ = keys;
+EOF
+}
+
+m55() {
+  WHERE="cluster/worker.rs: guard"
+  MUTANT="at the lease deadline the guard finds the local runs but does not stop them (it leaves them to the reconcile loop, which may hang in a store call)"
+  SUITE="--all-features --test cluster_prop a_hanging_store_cannot_hold_a_run_past_the_lease_deadline"
+  edit src/cluster/worker.rs <<'EOF'
+            drop(spawn_stop(&inner, handle));
+@@@@
+            drop(handle);
+EOF
+}
+
+m56() {
+  WHERE="cluster/memory.rs: State::holds"
+  MUTANT="the in-memory store's create-revision compare holds for any existing key (the fence's revision compare is void in every in-memory test)"
+  SUITE="--all-features --lib cluster::fence"
+  edit src/cluster/memory.rs <<'EOF'
+                self.kvs.get(key).map(|kv| kv.create_revision) == Some(*rev)
+@@@@
+                self.kvs.get(key).is_some() || *rev == 0
+EOF
+}
+
+m57() {
+  WHERE="runtime/group.rs: TaskGroup::stop_all, reverse order"
+  MUTANT="the reverse order stops the tasks in the order they were added"
+  SUITE="--test group stop_all_in_reverse"
+  edit src/runtime/group.rs <<'EOF'
+                for (index, task) in self.tasks.iter().enumerate().rev() {
+@@@@
+                for (index, task) in self.tasks.iter().enumerate() {
+EOF
+}
+
+m58() {
+  WHERE="runtime/group.rs: TaskGroup::pause_all"
+  MUTANT="each pause waits twice the deadline: pause_all overruns its one deadline"
+  SUITE="--test group pause_all_names"
+  edit src/runtime/group.rs <<'EOF'
+            .map(|task| task.pause_now_within(deadline))
+@@@@
+            .map(|task| task.pause_now_within(deadline * 2))
+EOF
+}
+
+m59() {
+  WHERE="runtime/group.rs: GroupEvents::poll_next"
+  MUTANT="a task's ended stream is counted as open: the merged stream never ends"
+  SUITE="--test group the_merged_stream_carries"
+  edit src/runtime/group.rs <<'EOF'
+                Poll::Ready(None) => this.streams[index] = None,
+@@@@
+                Poll::Ready(None) => open = true,
+EOF
+}
+
+m60() {
+  WHERE="lifecycle/journal.rs: Journal::push"
+  MUTANT="the journal drops its oldest change only once it holds more than its capacity: it keeps one change too many"
+  SUITE="--test events a_reader_that_falls_behind"
+  edit src/lifecycle/journal.rs <<'EOF'
+        if self.entries.len() == self.capacity {
+@@@@
+        if self.entries.len() > self.capacity {
+EOF
+}
+
+m61() {
+  WHERE="lifecycle/journal.rs: Journal::read"
+  MUTANT="a lagging reader is told one change fewer than it missed"
+  SUITE="--test events a_reader_that_falls_behind"
+  edit src/lifecycle/journal.rs <<'EOF'
+                    missed: oldest - next,
+@@@@
+                    missed: oldest - next - 1,
+EOF
+}
+
+m62() {
+  WHERE="testing/runner.rs: Driver::start"
+  MUTANT="a pipeline with one unit not passed through Watch::unit is accepted"
+  SUITE="--all-features --lib testing::"
+  edit src/testing/runner.rs <<'EOF'
+        if watched < units {
+@@@@
+        if watched + 1 < units {
+EOF
+}
+
+m63() {
+  WHERE="testing/runner.rs: Driver::settled"
+  MUTANT="the runner waits for a cancelled run as long as the table's own deadline (twice the bound): a unit that ignores its cancellation is a command timeout, not Unresponsive naming it"
+  SUITE="--all-features --lib testing::"
+  edit src/testing/runner.rs <<'EOF'
+        let stage = match tokio::time::timeout(self.bound, settling).await {
+@@@@
+        let stage = match tokio::time::timeout(self.bound.saturating_mul(2), settling).await {
+EOF
+}
+
+m64() {
+  WHERE="testing/probe.rs: Probe::enter"
+  MUTANT="an overlap is recorded only when two others are already alive (the second of two live runs is not an overlap)"
+  SUITE="--all-features --lib testing::"
+  edit src/testing/probe.rs <<'EOF'
+            if let Some((_, other)) = state.live.first() {
+@@@@
+            if let Some((_, other)) = state.live.get(1) {
+EOF
+}
+
+m65() {
+  WHERE="testing/schedule.rs: Point's Display"
+  MUTANT="a switch point prints without the word \"unit\": the printed schedule does not parse back"
+  SUITE="--all-features --lib testing::"
+  edit src/testing/schedule.rs <<'EOF'
+            Point::Switch(unit) => write!(f, "at switch to unit {unit}"),
+@@@@
+            Point::Switch(unit) => write!(f, "at switch to {unit}"),
+EOF
+}
+
+m66() {
+  WHERE="policy/auto_resume.rs: Inner::classify"
+  MUTANT="a classifier that panics counts the error as resumable"
+  SUITE="--test policy a_panicking_classifier"
+  edit src/policy/auto_resume.rs <<'EOF'
+                tracing::error!(task, %error, "the classifier panicked; the error counts as not resumable");
+                false
+@@@@
+                tracing::error!(task, %error, "the classifier panicked; the error counts as not resumable");
+                true
+EOF
+}
+
+m67() {
+  WHERE="policy/auto_resume.rs: failed_not_user_paused"
+  MUTANT="a failure is the policy's business even when the user paused the task afterwards"
+  SUITE="--test policy user_paused"
+  edit src/policy/auto_resume.rs <<'EOF'
+    if snap.stage != Stage::Paused || snap.user_paused {
+@@@@
+    if snap.stage != Stage::Paused {
+EOF
+}
+
+m68() {
+  WHERE="policy/auto_resume.rs: Entry::resumed"
+  MUTANT="an auto-resume does not step the backoff up: every wait is the first"
+  SUITE="--test policy backoff_grows"
+  edit src/policy/auto_resume.rs <<'EOF'
+    fn resumed(&mut self, generation: u64) {
+        self.backoff.advance();
+@@@@
+    fn resumed(&mut self, generation: u64) {
+EOF
+}
+
+m69() {
+  WHERE="policy/auto_resume.rs: Entry::observe_healthy"
+  MUTANT="one step fewer is rolled back than healthy periods passed (off by one)"
+  SUITE="--test policy one_step_is_rolled_back"
+  edit src/policy/auto_resume.rs <<'EOF'
+                for _ in 0..steps {
+                    self.backoff.rollback();
+@@@@
+                for _ in 1..steps {
+                    self.backoff.rollback();
+EOF
+}
+
+m70() {
+  WHERE="policy/auto_resume.rs: Entry::observe_healthy"
+  MUTANT="a healthy streak carries on across a resume of the same unit (the task was at rest in between)"
+  SUITE="--test policy a_healthy_streak"
+  edit src/policy/auto_resume.rs <<'EOF'
+            Some(h) if h.generation == snap.generation || h.unit != unit => Healthy {
+@@@@
+            Some(h) => Healthy {
+EOF
+}
+
+m71() {
+  WHERE="policy/auto_resume.rs: Entry::observe"
+  MUTANT="a task that reached Stopped or Finished keeps its policy state"
+  SUITE="--test policy stopped_finished_and_removed"
+  edit src/policy/auto_resume.rs <<'EOF'
+            Stage::Stopped | Stage::Finished => return Action::Forget,
+@@@@
+            Stage::Stopped | Stage::Finished => self.standing = Standing::Idle,
+EOF
+}
+
+m72() {
+  WHERE="policy/backoff.rs: Backoff::advance"
+  MUTANT="the step keeps growing at the cap (<= for <): a rollback from there does not shorten the next wait"
+  SUITE="--test policy backoff_steps"
+  edit src/policy/backoff.rs <<'EOF'
+        if self.current() < self.settings.max {
+@@@@
+        if self.current() <= self.settings.max {
+EOF
+}
+
+m73() {
+  WHERE="policy/backoff.rs: Backoff::delay"
+  MUTANT="equal jitter fixes a quarter of the delay instead of half: a task may come back sooner than half its step"
+  SUITE="--test policy equal_jitter"
+  edit src/policy/backoff.rs <<'EOF'
+                let fixed = base / 2;
+@@@@
+                let fixed = base / 4;
+EOF
+}
+
+m74() {
+  WHERE="policy/backoff.rs: BackoffSettings::new"
+  MUTANT="a factor between 0 and 1 (a shrinking backoff) is accepted"
+  SUITE="--test policy invalid_settings"
+  edit src/policy/backoff.rs <<'EOF'
+        if factor < 1.0 {
+@@@@
+        if factor <= 0.0 {
+EOF
+}
+
 ALL=$(declare -F | awk '$3 ~ /^m[0-9]+$/ { print substr($3, 2) }' | sort -n | tr '\n' ' ')
 SELECTED=${MUTANTS:-$ALL}
 for n in $SELECTED; do
