@@ -426,3 +426,49 @@ async fn a_claim_never_overwrites_another_workers_owner_key() {
     );
     w1.shutdown().await.expect("shutdown w1");
 }
+
+/// A clean shutdown stops the runs, withdraws the owner keys and the reports, and
+/// revokes the lease: another worker takes the task over at once, not a TTL later.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_clean_shutdown_withdraws_its_keys_and_revokes_its_lease() {
+    let store = MemoryCoordinator::new();
+    let counters: Counters = Default::default();
+    let w1 = join_counted(&store, "clean", "w1", &counters).await;
+    let controller = Controller::new(store.clone(), "clean").expect("a controller");
+    controller
+        .create("t", Vec::new(), DesiredStage::Running)
+        .await
+        .expect("create");
+    controller
+        .resume_within("t", Duration::from_secs(10))
+        .await
+        .expect("running on w1");
+    let lease = w1.lease();
+    let shut = Instant::now();
+    w1.shutdown().await.expect("a clean shutdown");
+    assert_eq!(
+        counters.0.load(Ordering::SeqCst),
+        0,
+        "a run outlived shutdown"
+    );
+    assert!(
+        !store.leases().contains(&lease),
+        "the lease was not revoked"
+    );
+    let status = controller.status("t").await.expect("status");
+    assert_eq!(status.owner, None, "the owner key was not withdrawn");
+    assert_eq!(status.observed, None, "the report was not withdrawn");
+
+    let w2 = join_counted(&store, "clean", "w2", &counters).await;
+    let running = controller
+        .resume_within("t", Duration::from_secs(10))
+        .await
+        .expect("running on w2");
+    assert_eq!(running.owner.as_str(), "w2");
+    assert!(
+        shut.elapsed() < Duration::from_secs(2),
+        "the takeover waited {:?}, as long as the TTL",
+        shut.elapsed()
+    );
+    w2.shutdown().await.expect("shutdown w2");
+}
