@@ -472,3 +472,50 @@ async fn a_clean_shutdown_withdraws_its_keys_and_revokes_its_lease() {
     );
     w2.shutdown().await.expect("shutdown w2");
 }
+
+/// A controller's answer comes from the task's current owner only: a report counts
+/// when its writer and fence token are the owner key's; with no owner, only a
+/// terminal report (a released task's) still stands.
+#[test]
+fn only_the_current_owners_report_answers() {
+    use taskstage::cluster::{ObservedOutcome, ObservedStatus, TaskStatus, WorkerId};
+    let w1 = WorkerId::new("w1").expect("an id");
+    let report = |stage: Stage, owner_revision: i64| ObservedStatus {
+        stage,
+        generation: 1,
+        outcome: ObservedOutcome::None,
+        desired_revision: 7,
+        owner: w1.clone(),
+        owner_revision,
+    };
+    let status = |owner: Option<(&WorkerId, i64)>, observed: ObservedStatus| TaskStatus {
+        task: taskstage::cluster::TaskId::new("t").expect("an id"),
+        desired: DesiredStage::Paused,
+        desired_revision: 7,
+        owner: owner.map(|(w, _)| w.clone()),
+        owner_revision: owner.map(|(_, r)| r),
+        owner_lease: owner.map(|_| 1),
+        observed: Some(observed),
+        revision: 9,
+    };
+    let current = status(Some((&w1, 5)), report(Stage::Paused, 5));
+    assert!(current.current_observed().is_some());
+    assert!(current.answers(7));
+    // The same worker id, an older token: an earlier incarnation's report.
+    let stale = status(Some((&w1, 5)), report(Stage::Paused, 4));
+    assert_eq!(stale.current_observed(), None);
+    assert!(!stale.answers(7));
+    let other = WorkerId::new("w2").expect("an id");
+    assert_eq!(
+        status(Some((&other, 5)), report(Stage::Paused, 5)).current_observed(),
+        None
+    );
+    // No owner: a Paused report of a vanished owner does not stand; Stopped does.
+    assert_eq!(
+        status(None, report(Stage::Paused, 5)).current_observed(),
+        None
+    );
+    assert!(status(None, report(Stage::Stopped, 5))
+        .current_observed()
+        .is_some());
+}
