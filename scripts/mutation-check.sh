@@ -781,6 +781,7 @@ m48() {
         return Err("it contains '@', which separates the owner value");
     }
 @@@@
+    // An '@' is left to the owner value's parser, which splits at the last one.
 EOF
 }
 
@@ -1076,6 +1077,75 @@ m74() {
         if factor < 1.0 {
 @@@@
         if factor <= 0.0 {
+EOF
+}
+
+m75() {
+  WHERE="runtime/events.rs: DEFAULT_EVENT_CAPACITY"
+  MUTANT="the default event capacity is 1,000, not the documented 1,024"
+  SUITE="--test events the_default_capacity"
+  edit src/runtime/events.rs <<'EOF'
+pub const DEFAULT_EVENT_CAPACITY: usize = 1024;
+@@@@
+pub const DEFAULT_EVENT_CAPACITY: usize = 1000;
+EOF
+}
+
+m76() {
+  WHERE="cluster/worker.rs: Worker::shutdown"
+  MUTANT="a clean shutdown does not revoke the lease (it is left to expire after its TTL)"
+  SUITE="--all-features --test cluster_promises a_clean_shutdown"
+  edit src/cluster/worker.rs <<'EOF'
+        let revoked = within(
+            self.inner.op_timeout,
+            "lease revoke",
+            self.inner.coord.revoke(self.inner.lease),
+        )
+        .await;
+@@@@
+        let revoked: Result<(), ClusterError> = Ok(());
+EOF
+}
+
+m77() {
+  WHERE="cluster/worker.rs: wind_down"
+  MUTANT="a clean shutdown withdraws the owner keys but leaves the reports"
+  SUITE="--all-features --test cluster_promises a_clean_shutdown"
+  edit src/cluster/worker.rs <<'EOF'
+            .fenced(vec![
+                Op::Delete {
+                    key: inner.keys.observed(&task),
+                },
+                Op::Delete {
+                    key: inner.keys.owner(&task),
+                },
+            ])
+@@@@
+            .fenced(vec![Op::Delete {
+                key: inner.keys.owner(&task),
+            }])
+EOF
+}
+
+m78() {
+  WHERE="cluster/controller.rs: TaskStatus::current_observed"
+  MUTANT="a report counts when its writer is the owner key's worker, whatever its token: an earlier incarnation's report answers"
+  SUITE="--all-features --test cluster_promises only_the_current_owners_report"
+  edit src/cluster/controller.rs <<'EOF'
+                (observed.owner == *owner && observed.owner_revision == rev).then_some(observed)
+@@@@
+                (observed.owner == *owner).then_some(observed)
+EOF
+}
+
+m79() {
+  WHERE="cluster/controller.rs: TaskStatus::current_observed"
+  MUTANT="with no owner key, any report stands (a vanished owner's Paused or Running included)"
+  SUITE="--all-features --test cluster_promises only_the_current_owners_report"
+  edit src/cluster/controller.rs <<'EOF'
+            _ => observed.stage.is_terminal().then_some(observed),
+@@@@
+            _ => Some(observed),
 EOF
 }
 
