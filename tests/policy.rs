@@ -874,3 +874,36 @@ async fn many_tasks_on_a_multi_thread_runtime() {
         .expect("the driver returns")
         .expect("the driver does not panic");
 }
+
+/// The classifier is asked only about a failure the user did not pause: a task the
+/// user paused before the policy looked at its failure is skipped without asking,
+/// and stays paused however much later the policy looks again.
+#[tokio::test(start_paused = true)]
+async fn a_failure_the_user_paused_first_is_never_classified_nor_resumed() {
+    let asked = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&asked);
+    let policy = AutoResume::new(no_jitter(), move |error: &RunError| {
+        // SeqCst: read by the test after the dispatch returned.
+        counter.fetch_add(1, Ordering::SeqCst);
+        classify(error)
+    });
+    let (task, _probe) = scripted("failed", &[Failure::Blip]);
+    let id = policy.add(&task);
+    task.resume().await.expect("New resumes");
+    paused_failed(&task, 1).await;
+    assert_eq!(task.pause().await, Ok(Stage::Paused));
+    assert!(task.snapshot().user_paused);
+
+    // No driver: each look is one dispatch, the last long past any delay.
+    for later in [0, 1, 3600] {
+        let dispatch = policy.dispatch_once(Instant::now() + secs(later)).await;
+        assert!(dispatch.resumed.is_empty(), "resumed after {later} s");
+    }
+    assert_eq!(asked.load(Ordering::SeqCst), 0, "the classifier was asked");
+    let status = policy.status(id).expect("watched");
+    assert_eq!(
+        (status.standing, status.auto_resumes),
+        (Standing::UserPaused, 0)
+    );
+    assert_eq!(task.snapshot().generation, 1);
+}
