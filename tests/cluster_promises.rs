@@ -519,3 +519,35 @@ fn only_the_current_owners_report_answers() {
         .current_observed()
         .is_some());
 }
+
+/// Creating a task that exists is `TaskExists` and writes nothing.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn creating_an_existing_task_is_refused_and_writes_nothing() {
+    let store = MemoryCoordinator::new();
+    let controller = Controller::new(store.clone(), "exists").expect("a controller");
+    let created = controller
+        .create("t", b"first".to_vec(), DesiredStage::Running)
+        .await
+        .expect("create");
+    let again = controller
+        .create("t", b"second".to_vec(), DesiredStage::Paused)
+        .await;
+    assert!(
+        matches!(&again, Err(ClusterError::TaskExists { task }) if task.as_str() == "t"),
+        "{again:?}"
+    );
+    let status = controller.status("t").await.expect("status");
+    assert_eq!(
+        (status.desired, status.desired_revision),
+        (DesiredStage::Running, created)
+    );
+    let spec = store
+        .list("exists/tasks/t/spec".to_owned())
+        .await
+        .expect("list");
+    assert_eq!(
+        spec.get("exists/tasks/t/spec")
+            .map(|kv| kv.value.as_slice()),
+        Some(&b"first"[..])
+    );
+}
