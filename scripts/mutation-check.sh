@@ -1149,6 +1149,20 @@ m79() {
 EOF
 }
 
+m80() {
+  WHERE="cluster/controller.rs: Controller::create"
+  MUTANT="a task is created without comparing that its keys are absent: creating it again overwrites its spec and desired stage"
+  SUITE="--all-features --test cluster_promises creating_an_existing_task"
+  edit src/cluster/controller.rs <<'EOF'
+            when: vec![
+                Compare::Absent(self.keys.spec(&task)),
+                Compare::Absent(self.keys.desired(&task)),
+            ],
+@@@@
+            when: vec![],
+EOF
+}
+
 ALL=$(declare -F | awk '$3 ~ /^m[0-9]+$/ { print substr($3, 2) }' | sort -n | tr '\n' ' ')
 SELECTED=${MUTANTS:-$ALL}
 for n in $SELECTED; do
