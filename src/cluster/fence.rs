@@ -273,6 +273,28 @@ mod tests {
         );
     }
 
+    /// A fencer prints its token and whether it was rejected (and nothing of its
+    /// store handle).
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_fencer_prints_its_token_and_whether_it_was_rejected() {
+        let store = MemoryCoordinator::new();
+        let keys = Keys::new("fence").expect("a prefix");
+        let token = FenceToken {
+            task: TaskId::new("t").expect("an id"),
+            worker: WorkerId::new("w1").expect("an id"),
+            lease: 7,
+            revision: 3,
+        };
+        let fencer = fencer(&store, &keys, token.clone());
+        let text = format!("{fencer:?}");
+        assert!(text.starts_with("Fencer {"), "{text}");
+        assert!(text.contains(&format!("token: {token:?}")), "{text}");
+        assert!(text.contains("rejected: false"), "{text}");
+        // Nothing claimed the key: the write is rejected, and the fencer says so.
+        assert!(fencer.put_checkpoint("pos", Vec::new()).await.is_err());
+        assert!(format!("{fencer:?}").contains("rejected: true"));
+    }
+
     /// A token of another worker, or of another lease of the same worker, is rejected
     /// even with the right revision.
     #[tokio::test(flavor = "current_thread", start_paused = true)]

@@ -508,4 +508,71 @@ mod tests {
         assert!(DesiredStage::Running.answered_by(Stage::Paused, true));
         assert!(!DesiredStage::Running.answered_by(Stage::Paused, false));
     }
+
+    #[test]
+    fn ids_and_desired_stages_read_back_as_given() {
+        let task = TaskId::new("orders-1").expect("a task id");
+        assert_eq!(
+            (task.as_str(), task.to_string()),
+            ("orders-1", "orders-1".into())
+        );
+        let worker = WorkerId::new("w-1").expect("a worker id");
+        assert_eq!((worker.as_str(), worker.to_string()), ("w-1", "w-1".into()));
+        for (stage, name) in [
+            (DesiredStage::Running, "Running"),
+            (DesiredStage::Paused, "Paused"),
+            (DesiredStage::Stopped, "Stopped"),
+        ] {
+            assert_eq!((stage.name(), stage.to_string()), (name, name.to_owned()));
+            assert_eq!(name.parse::<DesiredStage>().ok(), Some(stage));
+        }
+    }
+
+    #[test]
+    fn only_a_failed_outcome_is_failed() {
+        assert!(ObservedOutcome::Failed("disk full".into()).is_failed());
+        for outcome in [
+            ObservedOutcome::None,
+            ObservedOutcome::Completed,
+            ObservedOutcome::Cancelled,
+        ] {
+            assert!(!outcome.is_failed(), "{outcome:?}");
+        }
+    }
+
+    /// The task keys of the documented layout (docs/cluster.md), each parsed back to
+    /// what it names; a key of no known kind is not a task key.
+    #[test]
+    fn task_keys_follow_the_documented_layout() {
+        let keys = Keys::new("app/").expect("a prefix");
+        let t = TaskId::new("t1").expect("an id");
+        let layout = [
+            (keys.spec(&t), "app/tasks/t1/spec", TaskKey::Spec),
+            (keys.desired(&t), "app/tasks/t1/desired", TaskKey::Desired),
+            (keys.owner(&t), "app/tasks/t1/owner", TaskKey::Owner),
+            (
+                keys.observed(&t),
+                "app/tasks/t1/observed",
+                TaskKey::Observed,
+            ),
+            (
+                keys.checkpoint(&t, "pos"),
+                "app/tasks/t1/checkpoint/pos",
+                TaskKey::Checkpoint,
+            ),
+        ];
+        for (key, documented, kind) in layout {
+            assert_eq!(key, documented);
+            assert_eq!(keys.parse_task_key(&key), Some((t.clone(), kind)), "{key}");
+        }
+        assert_eq!(keys.tasks(), "app/tasks/");
+        assert_eq!(keys.task_dir(&t), "app/tasks/t1/");
+        for other in [
+            "app/tasks/t1/lease",
+            "app/tasks/t1/checkpoints",
+            "app/tasks/t1",
+        ] {
+            assert_eq!(keys.parse_task_key(other), None, "{other}");
+        }
+    }
 }
