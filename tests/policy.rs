@@ -907,3 +907,63 @@ async fn a_failure_the_user_paused_first_is_never_classified_nor_resumed() {
     );
     assert_eq!(task.snapshot().generation, 1);
 }
+
+/// The delay of step n is `min × factor^n`, capped at the maximum (docs/policy.md),
+/// whatever the size of `factor^n`: an integral factor is exact to the nanosecond, also
+/// past what a float holds, and reaches the cap only when the product does.
+#[test]
+fn an_integral_factor_is_exact_until_the_product_reaches_the_cap() {
+    let year = secs(365 * 24 * 3600);
+    let settings = BackoffSettings::new(Duration::from_millis(1), year, 3.0).expect("valid");
+    // 3^21 does not fit in a u32, but 3^21 ms (121 days) is below the cap.
+    assert_eq!(settings.delay_at(21), Duration::from_millis(3u64.pow(21)));
+    assert_eq!(settings.delay_at(23), year, "3^23 ms is above a year");
+    // 3_000_001 ns × 3^20 is above 2^53 ns and odd: a float would round it.
+    let fine = BackoffSettings::new(Duration::from_nanos(3_000_001), year, 3.0).expect("valid");
+    assert_eq!(
+        fine.delay_at(20),
+        Duration::from_nanos(3_000_001 * 3u64.pow(20))
+    );
+    // A step so large that the power overflows every integer is the cap.
+    assert_eq!(settings.delay_at(u32::MAX), year);
+}
+
+/// The settings read back as given, and a fractional factor whose power is infinite as
+/// a float gives the cap, not a panic.
+#[test]
+fn settings_read_back_and_an_infinite_power_is_the_cap() {
+    let settings = BackoffSettings::new(secs(2), secs(90), 3.0)
+        .expect("valid")
+        .with_healthy_period(secs(45))
+        .expect("valid")
+        .with_jitter(Jitter::None);
+    assert_eq!(
+        (
+            settings.min(),
+            settings.max(),
+            settings.factor(),
+            settings.healthy_period(),
+            settings.jitter()
+        ),
+        (secs(2), secs(90), 3.0, secs(45), Jitter::None)
+    );
+    let fractional = BackoffSettings::new(Duration::from_millis(100), secs(1), 1.5).expect("valid");
+    assert_eq!(fractional.delay_at(u32::MAX), secs(1));
+    // A fractional factor's delay is counted in whole nanoseconds, not converted
+    // through seconds as a float (which is off by hundreds of ns at 2^62 ns).
+    let huge = Duration::from_nanos(1 << 62);
+    let long = BackoffSettings::new(huge, Duration::MAX, 1.5).expect("valid");
+    assert_eq!(long.delay_at(0), huge);
+    // Past u64 nanoseconds (584 years) it is counted in seconds.
+    let ages = secs(1 << 40);
+    let longer = BackoffSettings::new(ages, Duration::MAX, 1.5).expect("valid");
+    assert_eq!(longer.delay_at(0), ages);
+    // A backoff keeps the settings it was made with, and a reset goes back to step 0.
+    let mut backoff = Backoff::new(settings);
+    assert_eq!(backoff.settings(), &settings);
+    backoff.advance();
+    backoff.advance();
+    assert_eq!(backoff.step(), 2);
+    backoff.reset();
+    assert_eq!((backoff.step(), backoff.current()), (0, secs(2)));
+}
