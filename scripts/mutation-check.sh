@@ -1163,6 +1163,21 @@ m80() {
 EOF
 }
 
+m81() {
+  WHERE="runtime/group.rs: GroupReport::all_reached"
+  MUTANT="a report says every task reached the stage when any one did"
+  SUITE="--test group pause_all_names"
+  edit src/runtime/group.rs <<'EOF'
+        self.tasks
+            .iter()
+            .all(|t| matches!(t.result, Ok(s) if s == stage))
+@@@@
+        self.tasks
+            .iter()
+            .any(|t| matches!(t.result, Ok(s) if s == stage))
+EOF
+}
+
 ALL=$(declare -F | awk '$3 ~ /^m[0-9]+$/ { print substr($3, 2) }' | sort -n | tr '\n' ' ')
 SELECTED=${MUTANTS:-$ALL}
 for n in $SELECTED; do
