@@ -74,6 +74,10 @@ async fn pause_all_names_the_task_that_is_stuck() {
                 Err(ErrorKind::Timeout)
             ]
         );
+        assert!(
+            !report.all_reached(Stage::Paused),
+            "all_reached with a task stuck: {report}"
+        );
         let stuck: Vec<_> = report.stuck().collect();
         assert_eq!(stuck.len(), 1, "{report}");
         assert_eq!(&*stuck[0].task, "c");
