@@ -97,8 +97,10 @@ edit() {
   printf '%s' "$spec" | python3 -c "$EDIT_PY" "$file" "$anchor"
 }
 
-# The command a suite name stands for: `--lib`, `--test NAME [FILTER]`, or
-# `loom FILTER` (the loom models, built with their cfg in release mode).
+# The command a suite name stands for: `[FEATURES] --lib [FILTER]`,
+# `[FEATURES] --test NAME [FILTER]` (FEATURES: `--all-features` or `--features LIST`,
+# for the layers behind a feature), or `loom FILTER` (the loom models, built with their
+# cfg in release mode).
 suite_label() {
   case $1 in
     loom\ *) echo "\`cargo test --release --test loom ${1#loom } (cfg taskstage_loom)\`" ;;
@@ -122,8 +124,17 @@ suite_cmd() { # MODE SUITE
     *)
       read -r -a args <<<"$suite"
       if [[ $mode == build ]]; then
-        # A test-name filter is not a build argument.
-        CMD=(cargo test "${args[@]:0:2}" --no-run)
+        # The features and the target are build arguments; a test-name filter is not.
+        local n=0
+        case ${args[0]} in
+          --all-features) n=1 ;;
+          --features) n=2 ;;
+        esac
+        case ${args[n]} in
+          --lib) n=$((n + 1)) ;;
+          --test) n=$((n + 2)) ;;
+        esac
+        CMD=(cargo test "${args[@]:0:n}" --no-run)
       else
         CMD=(cargo test "${args[@]}")
       fi ;;
@@ -567,6 +578,603 @@ m31() {
                 {
                     tracing::warn!("run ignored cancellation after the last handle was dropped");
                 }
+EOF
+}
+
+# ---- the cluster: lease, fence, keys, controller, worker, etcd coordinator
+
+m32() {
+  WHERE="cluster/worker.rs: WorkerBuilder::check"
+  MUTANT="the drift ρ is turned into parts per hundred instead of per thousand: the lease deadline leaves a tenth of the drift allowance"
+  SUITE="--all-features --test cluster_promises the_lease_deadline"
+  edit src/cluster/worker.rs <<'EOF'
+        let rho = (self.drift * 1000.0).ceil() as u64;
+@@@@
+        let rho = (self.drift * 100.0).ceil() as u64;
+EOF
+}
+
+m33() {
+  WHERE="cluster/worker.rs: Session::run"
+  MUTANT="a keep-alive answer moves the deadline to sent + TTL − stop bound, without the drift allowance"
+  SUITE="--all-features --test cluster_promises the_lease_deadline"
+  edit src/cluster/worker.rs <<'EOF'
+                        decide::stop_at(sent, ttl_ms, timing.rho_permille, timing.stop_bound_ms);
+@@@@
+                        decide::stop_at(sent, ttl_ms, 0, timing.stop_bound_ms);
+EOF
+}
+
+m34() {
+  WHERE="cluster/controller.rs: Controller::set"
+  MUTANT="the desired stage is written unconditionally (no compare with the revision read): set_desired is no longer a compare-and-set"
+  SUITE="--all-features --test cluster_promises set_desired"
+  edit src/cluster/controller.rs <<'EOF'
+            when: vec![Compare::ModRevision(key.clone(), status.desired_revision)],
+@@@@
+            when: vec![],
+EOF
+}
+
+m35() {
+  WHERE="cluster/worker.rs: step"
+  MUTANT="a worker has room while it holds as many tasks as its capacity (<= for <): it claims one task too many"
+  SUITE="--all-features --test cluster_promises capacity"
+  edit src/cluster/worker.rs <<'EOF'
+        capacity_left: held < inner.capacity,
+@@@@
+        capacity_left: held <= inner.capacity,
+EOF
+}
+
+m36() {
+  WHERE="cluster/fence.rs: FenceToken::compares"
+  MUTANT="a fenced write compares only the owner key's value (worker and lease), not its create revision: a stale token of the same worker under the same lease is accepted"
+  SUITE="--all-features --lib cluster::fence"
+  edit src/cluster/fence.rs <<'EOF'
+            Compare::CreateRevision(owner.clone(), self.revision),
+            Compare::Value(owner, owner_value(&self.worker, self.lease).into_bytes()),
+@@@@
+            Compare::Value(owner, owner_value(&self.worker, self.lease).into_bytes()),
+EOF
+}
+
+m37() {
+  WHERE="cluster/keys.rs: check_id"
+  MUTANT="an id of exactly 128 bytes is refused (>= for >)"
+  SUITE="--all-features --lib cluster::keys"
+  edit src/cluster/keys.rs <<'EOF'
+    if id.len() > MAX_ID_LEN {
+@@@@
+    if id.len() >= MAX_ID_LEN {
+EOF
+}
+
+m38() {
+  WHERE="cluster/etcd.rs: EtcdCoordinator::keep_alive"
+  MUTANT="a keep-alive answered \"lease not found\" is read as an answer that keeps the lease alive"
+  SUITE="--all-features --test cluster_etcd a_keep_alive_of_a_lease_that_no_longer_exists"
+  edit src/cluster/etcd.rs <<'EOF'
+                        Err(error) if lease_not_found(&error) => Ok(false),
+@@@@
+                        Err(error) if lease_not_found(&error) => Ok(true),
+EOF
+}
+
+# ---- groups
+
+m39() {
+  WHERE="runtime/group.rs: GroupEvents::poll_next"
+  MUTANT="the merged stream starts its next poll at the task that just yielded instead of the one after it: one task's backlog starves the others"
+  SUITE="--test group the_merged_stream_takes_turns"
+  edit src/runtime/group.rs <<'EOF'
+                    this.next = (index + 1) % count;
+@@@@
+                    this.next = index;
+EOF
+}
+
+m40() {
+  WHERE="runtime/group.rs: TaskGroup::stop_all, all at once"
+  MUTANT="each stop is given the whole deadline as its grace: a stubborn run is aborted only at the deadline, and stop_all overruns it"
+  SUITE="--test group stop_all_aborts"
+  edit src/runtime/group.rs <<'EOF'
+                    .map(|task| task.stop_now_within(deadline / 2))
+@@@@
+                    .map(|task| task.stop_now_within(deadline))
+EOF
+}
+
+m41() {
+  WHERE="runtime/group.rs: TaskGroup::stop_all, reverse order"
+  MUTANT="in reverse order each stop is given all that is left as its grace, not half: the first stubborn stop eats the whole deadline"
+  SUITE="--test group stop_all_aborts"
+  edit src/runtime/group.rs <<'EOF'
+                    let result = match task.stop_now_within(left / 2) {
+@@@@
+                    let result = match task.stop_now_within(left) {
+EOF
+}
+
+# ---- a unit's close
+
+m42() {
+  WHERE="lifecycle/driver.rs: close_one"
+  MUTANT="a unit's close is called without catching its panic"
+  SUITE="--test runtime a_close_that_panics"
+  edit src/lifecycle/driver.rs <<'EOF'
+    if catch_unwind(AssertUnwindSafe(|| unit.close())).is_err() {
+        tracing::error!("a unit's close panicked");
+    }
+@@@@
+    unit.close();
+EOF
+}
+
+# ---- the testing kit
+
+m43() {
+  WHERE="testing/probe.rs: Watched::prepare"
+  MUTANT="a pre-start check is not counted alive (only runs are)"
+  SUITE="--all-features --lib testing::"
+  edit src/testing/probe.rs <<'EOF'
+        let _live = self.probe.enter(id);
+        let probe = Arc::clone(&self.probe);
+@@@@
+        let _ = id;
+        let probe = Arc::clone(&self.probe);
+EOF
+}
+
+m44() {
+  WHERE="testing/runner.rs: Driver::end"
+  MUTANT="the end of a schedule checks for two live runs but not for a run still alive at the final rest stage"
+  SUITE="--all-features --lib testing::"
+  edit src/testing/runner.rs <<'EOF'
+        self.overlap()?;
+        self.nothing_live(Command::Resume, end.stage)?;
+@@@@
+        self.overlap()?;
+EOF
+}
+
+m45() {
+  WHERE="cluster/worker.rs: Session::run"
+  MUTANT="a keep-alive answered Expired ends the session without clearing the deadline: the runs go on until the old deadline and the worker never reports LeaseLost"
+  SUITE="--all-features --test cluster_promises a_worker_whose_lease_is_gone"
+  edit src/cluster/worker.rs <<'EOF'
+                    lease_tx.send_replace(LeaseState { stop_at: None });
+                    inner.wake.notify_one();
+@@@@
+                    inner.wake.notify_one();
+EOF
+}
+
+m46() {
+  WHERE="cluster/worker.rs: claim"
+  MUTANT="a claim puts the owner key without comparing that it is absent: it overwrites another worker's claim"
+  SUITE="--all-features --test cluster_promises a_claim_never_overwrites"
+  edit src/cluster/worker.rs <<'EOF'
+        when: vec![super::coord::Compare::Absent(owner.clone())],
+@@@@
+        when: vec![],
+EOF
+}
+
+m47() {
+  WHERE="cluster/controller.rs: Controller::set"
+  MUTANT="the Stopped-is-final check tests the new desired stage instead of the stored one: a stopped task can be resumed"
+  SUITE="--all-features --test cluster_promises a_stopped_task_stays_stopped"
+  edit src/cluster/controller.rs <<'EOF'
+        if status.desired == DesiredStage::Stopped && desired != DesiredStage::Stopped {
+@@@@
+        if desired == DesiredStage::Stopped && status.desired != DesiredStage::Stopped {
+EOF
+}
+
+m48() {
+  WHERE="cluster/keys.rs: check_id"
+  MUTANT="an id containing '@' (the owner value's separator) is accepted"
+  SUITE="--all-features --lib cluster::keys"
+  edit src/cluster/keys.rs <<'EOF'
+    if id.contains('@') {
+        return Err("it contains '@', which separates the owner value");
+    }
+@@@@
+    // An '@' is left to the owner value's parser, which splits at the last one.
+EOF
+}
+
+m49() {
+  WHERE="cluster/fence.rs: FenceToken::compares"
+  MUTANT="a fenced write compares only the owner key's create revision, not its value: a token naming another worker or lease is accepted"
+  SUITE="--all-features --lib cluster::fence"
+  edit src/cluster/fence.rs <<'EOF'
+            Compare::CreateRevision(owner.clone(), self.revision),
+            Compare::Value(owner, owner_value(&self.worker, self.lease).into_bytes()),
+@@@@
+            Compare::CreateRevision(owner, self.revision),
+EOF
+}
+
+m50() {
+  WHERE="cluster/fence.rs: Fencer::fenced"
+  MUTANT="a rejected fenced write returns Fenced but does not mark the fencer rejected (the worker is not told to stop the run)"
+  SUITE="--all-features --lib cluster::fence"
+  edit src/cluster/fence.rs <<'EOF'
+            self.mark_rejected();
+            Err(ClusterError::Fenced {
+@@@@
+            Err(ClusterError::Fenced {
+EOF
+}
+
+m51() {
+  WHERE="cluster/decide.rs: lease_allows"
+  MUTANT="the lease still allows runs at the deadline itself (<= for <)"
+  SUITE="--all-features --lib cluster::decide"
+  edit src/cluster/decide.rs <<'EOF'
+    stop_at.is_some_and(|deadline| now < deadline)
+@@@@
+    stop_at.is_some_and(|deadline| now <= deadline)
+EOF
+}
+
+m52() {
+  WHERE="cluster/decide.rs: decide, desired Running"
+  MUTANT="a task Paused by a failure is resumed again for the same desired revision (invariant 4 lost: a failing run is retried for ever)"
+  SUITE="--all-features --lib cluster::decide"
+  edit src/cluster/decide.rs <<'EOF'
+            Stage::Paused if view.acted != Some(revision) => Some(Action::Resume { revision }),
+@@@@
+            Stage::Paused => Some(Action::Resume { revision }),
+EOF
+}
+
+m53() {
+  WHERE="cluster/decide.rs: decide, unowned task"
+  MUTANT="a task whose terminal status answers its desired revision is claimed again"
+  SUITE="--all-features --lib cluster::decide"
+  edit src/cluster/decide.rs <<'EOF'
+            Ownership::Unowned if view.capacity_left && !view.settled => Some(Action::Claim),
+@@@@
+            Ownership::Unowned if view.capacity_left => Some(Action::Claim),
+EOF
+}
+
+m54() {
+  WHERE="cluster/memory.rs: State::drop_lease"
+  MUTANT="the in-memory store drops an expired lease but keeps the keys attached to it (etcd deletes them)"
+  SUITE="--all-features --test cluster_promises a_worker_whose_lease_is_gone"
+  edit src/cluster/memory.rs <<'EOF'
+            for key in keys {
+                self.kvs.remove(&key);
+            }
+@@@@
+            let _ = keys;
+EOF
+}
+
+m55() {
+  WHERE="cluster/worker.rs: guard"
+  MUTANT="at the lease deadline the guard finds the local runs but does not stop them (it leaves them to the reconcile loop, which may hang in a store call)"
+  SUITE="--all-features --test cluster_prop a_hanging_store_cannot_hold_a_run_past_the_lease_deadline"
+  edit src/cluster/worker.rs <<'EOF'
+            drop(spawn_stop(&inner, handle));
+@@@@
+            drop(handle);
+EOF
+}
+
+m56() {
+  WHERE="cluster/memory.rs: State::holds"
+  MUTANT="the in-memory store's create-revision compare holds for any existing key (the fence's revision compare is void in every in-memory test)"
+  SUITE="--all-features --lib cluster::fence"
+  edit src/cluster/memory.rs <<'EOF'
+                self.kvs.get(key).map(|kv| kv.create_revision) == Some(*rev)
+@@@@
+                self.kvs.get(key).is_some() || *rev == 0
+EOF
+}
+
+m57() {
+  WHERE="runtime/group.rs: TaskGroup::stop_all, reverse order"
+  MUTANT="the reverse order stops the tasks in the order they were added"
+  SUITE="--test group stop_all_in_reverse"
+  edit src/runtime/group.rs <<'EOF'
+                for (index, task) in self.tasks.iter().enumerate().rev() {
+@@@@
+                for (index, task) in self.tasks.iter().enumerate() {
+EOF
+}
+
+m58() {
+  WHERE="runtime/group.rs: TaskGroup::pause_all"
+  MUTANT="each pause waits twice the deadline: pause_all overruns its one deadline"
+  SUITE="--test group pause_all_names"
+  edit src/runtime/group.rs <<'EOF'
+            .map(|task| task.pause_now_within(deadline))
+@@@@
+            .map(|task| task.pause_now_within(deadline * 2))
+EOF
+}
+
+m59() {
+  WHERE="runtime/group.rs: GroupEvents::poll_next"
+  MUTANT="a task's ended stream is counted as open: the merged stream never ends"
+  SUITE="--test group the_merged_stream_carries"
+  edit src/runtime/group.rs <<'EOF'
+                Poll::Ready(None) => this.streams[index] = None,
+@@@@
+                Poll::Ready(None) => open = true,
+EOF
+}
+
+m60() {
+  WHERE="lifecycle/journal.rs: Journal::push"
+  MUTANT="the journal drops its oldest change only once it holds more than its capacity: it keeps one change too many"
+  SUITE="--test events a_reader_that_falls_behind"
+  edit src/lifecycle/journal.rs <<'EOF'
+        if self.entries.len() == self.capacity {
+@@@@
+        if self.entries.len() > self.capacity {
+EOF
+}
+
+m61() {
+  WHERE="lifecycle/journal.rs: Journal::read"
+  MUTANT="a lagging reader is told one change fewer than it missed"
+  SUITE="--test events a_reader_that_falls_behind"
+  edit src/lifecycle/journal.rs <<'EOF'
+                    missed: oldest - next,
+@@@@
+                    missed: oldest - next - 1,
+EOF
+}
+
+m62() {
+  WHERE="testing/runner.rs: Driver::start"
+  MUTANT="a pipeline with one unit not passed through Watch::unit is accepted"
+  SUITE="--all-features --lib testing::"
+  edit src/testing/runner.rs <<'EOF'
+        if watched < units {
+@@@@
+        if watched + 1 < units {
+EOF
+}
+
+m63() {
+  WHERE="testing/runner.rs: Driver::settled"
+  MUTANT="the runner waits for a cancelled run as long as the table's own deadline (twice the bound): a unit that ignores its cancellation is a command timeout, not Unresponsive naming it"
+  SUITE="--all-features --lib testing::"
+  edit src/testing/runner.rs <<'EOF'
+        let stage = match tokio::time::timeout(self.bound, settling).await {
+@@@@
+        let stage = match tokio::time::timeout(self.bound.saturating_mul(2), settling).await {
+EOF
+}
+
+m64() {
+  WHERE="testing/probe.rs: Probe::enter"
+  MUTANT="an overlap is recorded only when two others are already alive (the second of two live runs is not an overlap)"
+  SUITE="--all-features --lib testing::"
+  edit src/testing/probe.rs <<'EOF'
+            if let Some((_, other)) = state.live.first() {
+@@@@
+            if let Some((_, other)) = state.live.get(1) {
+EOF
+}
+
+m65() {
+  WHERE="testing/schedule.rs: Point's Display"
+  MUTANT="a switch point prints without the word \"unit\": the printed schedule does not parse back"
+  SUITE="--all-features --lib testing::"
+  edit src/testing/schedule.rs <<'EOF'
+            Point::Switch(unit) => write!(f, "at switch to unit {unit}"),
+@@@@
+            Point::Switch(unit) => write!(f, "at switch to {unit}"),
+EOF
+}
+
+m66() {
+  WHERE="policy/auto_resume.rs: Inner::classify"
+  MUTANT="a classifier that panics counts the error as resumable"
+  SUITE="--test policy a_panicking_classifier"
+  edit src/policy/auto_resume.rs <<'EOF'
+                tracing::error!(task, %error, "the classifier panicked; the error counts as not resumable");
+                false
+@@@@
+                tracing::error!(task, %error, "the classifier panicked; the error counts as not resumable");
+                true
+EOF
+}
+
+m67() {
+  WHERE="policy/auto_resume.rs: failed_not_user_paused"
+  MUTANT="a failure is the policy's business even when the user paused the task afterwards"
+  SUITE="--test policy user_paused"
+  edit src/policy/auto_resume.rs <<'EOF'
+    if snap.stage != Stage::Paused || snap.user_paused {
+@@@@
+    if snap.stage != Stage::Paused {
+EOF
+}
+
+m68() {
+  WHERE="policy/auto_resume.rs: Entry::resumed"
+  MUTANT="an auto-resume does not step the backoff up: every wait is the first"
+  SUITE="--test policy backoff_grows"
+  edit src/policy/auto_resume.rs <<'EOF'
+    fn resumed(&mut self, generation: u64) {
+        self.backoff.advance();
+@@@@
+    fn resumed(&mut self, generation: u64) {
+EOF
+}
+
+m69() {
+  WHERE="policy/auto_resume.rs: Entry::observe_healthy"
+  MUTANT="one step fewer is rolled back than healthy periods passed (off by one)"
+  SUITE="--test policy one_step_is_rolled_back"
+  edit src/policy/auto_resume.rs <<'EOF'
+                for _ in 0..steps {
+                    self.backoff.rollback();
+@@@@
+                for _ in 1..steps {
+                    self.backoff.rollback();
+EOF
+}
+
+m70() {
+  WHERE="policy/auto_resume.rs: Entry::observe_healthy"
+  MUTANT="a healthy streak carries on across a resume of the same unit (the task was at rest in between)"
+  SUITE="--test policy a_healthy_streak"
+  edit src/policy/auto_resume.rs <<'EOF'
+            Some(h) if h.generation == snap.generation || h.unit != unit => Healthy {
+@@@@
+            Some(h) => Healthy {
+EOF
+}
+
+m71() {
+  WHERE="policy/auto_resume.rs: Entry::observe"
+  MUTANT="a task that reached Stopped or Finished keeps its policy state"
+  SUITE="--test policy stopped_finished_and_removed"
+  edit src/policy/auto_resume.rs <<'EOF'
+            Stage::Stopped | Stage::Finished => return Action::Forget,
+@@@@
+            Stage::Stopped | Stage::Finished => self.standing = Standing::Idle,
+EOF
+}
+
+m72() {
+  WHERE="policy/backoff.rs: Backoff::advance"
+  MUTANT="the step keeps growing at the cap (<= for <): a rollback from there does not shorten the next wait"
+  SUITE="--test policy backoff_steps"
+  edit src/policy/backoff.rs <<'EOF'
+        if self.current() < self.settings.max {
+@@@@
+        if self.current() <= self.settings.max {
+EOF
+}
+
+m73() {
+  WHERE="policy/backoff.rs: Backoff::delay"
+  MUTANT="equal jitter fixes a quarter of the delay instead of half: a task may come back sooner than half its step"
+  SUITE="--test policy equal_jitter"
+  edit src/policy/backoff.rs <<'EOF'
+                let fixed = base / 2;
+@@@@
+                let fixed = base / 4;
+EOF
+}
+
+m74() {
+  WHERE="policy/backoff.rs: BackoffSettings::new"
+  MUTANT="a factor between 0 and 1 (a shrinking backoff) is accepted"
+  SUITE="--test policy invalid_settings"
+  edit src/policy/backoff.rs <<'EOF'
+        if factor < 1.0 {
+@@@@
+        if factor <= 0.0 {
+EOF
+}
+
+m75() {
+  WHERE="runtime/events.rs: DEFAULT_EVENT_CAPACITY"
+  MUTANT="the default event capacity is 1,000, not the documented 1,024"
+  SUITE="--test events the_default_capacity"
+  edit src/runtime/events.rs <<'EOF'
+pub const DEFAULT_EVENT_CAPACITY: usize = 1024;
+@@@@
+pub const DEFAULT_EVENT_CAPACITY: usize = 1000;
+EOF
+}
+
+m76() {
+  WHERE="cluster/worker.rs: Worker::shutdown"
+  MUTANT="a clean shutdown does not revoke the lease (it is left to expire after its TTL)"
+  SUITE="--all-features --test cluster_promises a_clean_shutdown"
+  edit src/cluster/worker.rs <<'EOF'
+        let revoked = within(
+            self.inner.op_timeout,
+            "lease revoke",
+            self.inner.coord.revoke(self.inner.lease),
+        )
+        .await;
+@@@@
+        let revoked: Result<(), ClusterError> = Ok(());
+EOF
+}
+
+m77() {
+  WHERE="cluster/worker.rs: wind_down"
+  MUTANT="a clean shutdown withdraws the owner keys but leaves the reports"
+  SUITE="--all-features --test cluster_promises a_clean_shutdown"
+  edit src/cluster/worker.rs <<'EOF'
+            .fenced(vec![
+                Op::Delete {
+                    key: inner.keys.observed(&task),
+                },
+                Op::Delete {
+                    key: inner.keys.owner(&task),
+                },
+            ])
+@@@@
+            .fenced(vec![Op::Delete {
+                key: inner.keys.owner(&task),
+            }])
+EOF
+}
+
+m78() {
+  WHERE="cluster/controller.rs: TaskStatus::current_observed"
+  MUTANT="a report counts when its writer is the owner key's worker, whatever its token: an earlier incarnation's report answers"
+  SUITE="--all-features --test cluster_promises only_the_current_owners_report"
+  edit src/cluster/controller.rs <<'EOF'
+                (observed.owner == *owner && observed.owner_revision == rev).then_some(observed)
+@@@@
+                (observed.owner == *owner).then_some(observed)
+EOF
+}
+
+m79() {
+  WHERE="cluster/controller.rs: TaskStatus::current_observed"
+  MUTANT="with no owner key, any report stands (a vanished owner's Paused or Running included)"
+  SUITE="--all-features --test cluster_promises only_the_current_owners_report"
+  edit src/cluster/controller.rs <<'EOF'
+            _ => observed.stage.is_terminal().then_some(observed),
+@@@@
+            _ => Some(observed),
+EOF
+}
+
+m80() {
+  WHERE="cluster/controller.rs: Controller::create"
+  MUTANT="a task is created without comparing that its keys are absent: creating it again overwrites its spec and desired stage"
+  SUITE="--all-features --test cluster_promises creating_an_existing_task"
+  edit src/cluster/controller.rs <<'EOF'
+            when: vec![
+                Compare::Absent(self.keys.spec(&task)),
+                Compare::Absent(self.keys.desired(&task)),
+            ],
+@@@@
+            when: vec![],
+EOF
+}
+
+m81() {
+  WHERE="runtime/group.rs: GroupReport::all_reached"
+  MUTANT="a report says every task reached the stage when any one did"
+  SUITE="--test group pause_all_names"
+  edit src/runtime/group.rs <<'EOF'
+        self.tasks
+            .iter()
+            .all(|t| matches!(t.result, Ok(s) if s == stage))
+@@@@
+        self.tasks
+            .iter()
+            .any(|t| matches!(t.result, Ok(s) if s == stage))
 EOF
 }
 

@@ -587,3 +587,28 @@ async fn bad_input_gets_typed_errors_and_writes_nothing() {
     w1.shutdown().await.unwrap();
     let _ = Arc::new(());
 }
+
+/// A keep-alive of a lease the store no longer has (revoked, or never granted) is
+/// read as `Expired`, not as an answer that keeps the lease alive: the worker's
+/// session ends its runs on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keep_alive_of_a_lease_that_no_longer_exists_is_expired() {
+    use taskstage::cluster::KeepAlive;
+    let Some(cluster) = EtcdCluster::start_or_skip(1) else {
+        return;
+    };
+    let coord = connect(&cluster).await;
+    let grant = coord.grant(Duration::from_secs(10)).await.expect("grant");
+    assert!(
+        matches!(
+            coord.keep_alive(grant.id).await,
+            Ok(KeepAlive::Alive { ttl }) if ttl > Duration::ZERO
+        ),
+        "a live lease's keep-alive"
+    );
+    coord.revoke(grant.id).await.expect("revoke");
+    let answer = coord.keep_alive(grant.id).await;
+    assert_eq!(answer, Ok(KeepAlive::Expired), "a revoked lease");
+    let answer = coord.keep_alive(grant.id ^ 0x5a5a_5a5a).await;
+    assert_eq!(answer, Ok(KeepAlive::Expired), "a lease never granted");
+}

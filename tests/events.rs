@@ -219,3 +219,32 @@ async fn stop_now_and_the_last_drop_do_not_run_close_in_the_caller() {
         "dropping the last handle ran close in the dropper"
     );
 }
+
+/// Without `event_capacity`, a task keeps its 1,024 newest changes for a reader that
+/// fell behind (docs/events.md), and tells it how many it missed.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_default_capacity_keeps_the_1024_newest_changes() {
+    let handle = Task::builder("t").unit(UntilCancelled).spawn().unwrap();
+    // Nothing runs between the two lines: the stream starts after change `start`.
+    let start = handle.snapshot().seq;
+    let mut events = handle.events();
+    handle.wait_for_stage(|s| s == Stage::Running).await;
+    // Four changes a cycle: 260 cycles make 1,040 unread changes after the start.
+    for _ in 0..260 {
+        cycle(&handle).await;
+    }
+    let made = handle.snapshot().seq;
+    assert!(made - start > 1_024 + 8, "{made} changes");
+    match next(&mut events, "the lag").await {
+        Some(Event::Lagged { missed }) => assert_eq!(
+            made - start - missed,
+            1_024,
+            "the default capacity is not 1,024"
+        ),
+        other => panic!("expected a lag, got {other:?}"),
+    }
+    assert_eq!(
+        change(next(&mut events, "the oldest kept").await).seq,
+        made - 1_023
+    );
+}

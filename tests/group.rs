@@ -74,6 +74,10 @@ async fn pause_all_names_the_task_that_is_stuck() {
                 Err(ErrorKind::Timeout)
             ]
         );
+        assert!(
+            !report.all_reached(Stage::Paused),
+            "all_reached with a task stuck: {report}"
+        );
         let stuck: Vec<_> = report.stuck().collect();
         assert_eq!(stuck.len(), 1, "{report}");
         assert_eq!(&*stuck[0].task, "c");
@@ -182,6 +186,76 @@ async fn dropping_the_group_stops_its_tasks() {
         ends.sort_unstable_by_key(|(index, _)| *index);
         assert_eq!(ends, [(0, Stage::Stopped), (1, Stage::Stopped)]);
         assert_eq!(log.lock().unwrap().len(), 2, "every unit closed");
+    })
+    .await;
+}
+
+/// The merged stream takes turns: while several tasks have changes waiting, it does
+/// not serve one task's backlog before the others'.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_merged_stream_takes_turns_between_tasks_with_changes_waiting() {
+    support::within("fair merge", support::PAUSED_BOUND, async {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let group = logged(&["a", "b"], &log);
+        let mut events = group.events();
+        // Both tasks run and stop before the stream is read: their changes wait in
+        // their journals.
+        for task in group.tasks() {
+            task.wait_for_stage(|s| s == Stage::Running).await;
+        }
+        for task in group.tasks() {
+            assert_eq!(task.stop().await.ok(), Some(Stage::Stopped));
+        }
+        let mut order = Vec::new();
+        while let Some((index, _)) = events.next().await {
+            order.push(index);
+        }
+        let counts = [0, 1].map(|i| order.iter().filter(|&&o| o == i).count());
+        assert!(counts[0] >= 3 && counts[1] >= 3, "{order:?}");
+        let turns = 2 * counts[0].min(counts[1]);
+        let expected: Vec<usize> = (0..turns).map(|i| i % 2).collect();
+        assert_eq!(
+            order[..turns],
+            expected[..],
+            "one task's backlog was served before the other's: {order:?}"
+        );
+    })
+    .await;
+}
+
+/// `stop_all` aborts a run that ignores its cancellation halfway to the deadline, and
+/// so returns within it: all at once, every stubborn run is aborted at half the
+/// deadline; in reverse order, each task gets half of what is left.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn stop_all_aborts_stubborn_runs_halfway_to_the_deadline() {
+    support::within("stop_all deadline", support::PAUSED_BOUND, async {
+        let deadline = Duration::from_secs(4);
+        let live = Live::new();
+        for (order, expected) in [
+            (StopOrder::AllAtOnce, Duration::from_secs(2)),
+            // The last task: aborted after 4 s / 2; the first: after (4 − 2) s / 2.
+            (StopOrder::ReverseOfAddition, Duration::from_secs(3)),
+        ] {
+            let mut group = TaskGroup::new();
+            let mut remotes = Vec::new();
+            for name in ["first", "last"] {
+                let (unit, remote) = stubborn(name, &live);
+                remotes.push(remote);
+                group.add(Task::builder(name).unit(unit).spawn().unwrap());
+            }
+            for task in group.tasks() {
+                task.wait_for_stage(|s| s == Stage::Running).await;
+            }
+            let started = tokio::time::Instant::now();
+            let report = group.stop_all(deadline, order).await;
+            let took = started.elapsed();
+            assert!(report.all_reached(Stage::Stopped), "{order:?}: {report}");
+            assert!(
+                took >= expected && took < expected + Duration::from_millis(100),
+                "{order:?}: took {took:?}, not {expected:?}"
+            );
+            assert_eq!(live.now(), 0, "{order:?}: a stubborn run outlived stop_all");
+        }
     })
     .await;
 }

@@ -874,3 +874,96 @@ async fn many_tasks_on_a_multi_thread_runtime() {
         .expect("the driver returns")
         .expect("the driver does not panic");
 }
+
+/// The classifier is asked only about a failure the user did not pause: a task the
+/// user paused before the policy looked at its failure is skipped without asking,
+/// and stays paused however much later the policy looks again.
+#[tokio::test(start_paused = true)]
+async fn a_failure_the_user_paused_first_is_never_classified_nor_resumed() {
+    let asked = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&asked);
+    let policy = AutoResume::new(no_jitter(), move |error: &RunError| {
+        // SeqCst: read by the test after the dispatch returned.
+        counter.fetch_add(1, Ordering::SeqCst);
+        classify(error)
+    });
+    let (task, _probe) = scripted("failed", &[Failure::Blip]);
+    let id = policy.add(&task);
+    task.resume().await.expect("New resumes");
+    paused_failed(&task, 1).await;
+    assert_eq!(task.pause().await, Ok(Stage::Paused));
+    assert!(task.snapshot().user_paused);
+
+    // No driver: each look is one dispatch, the last long past any delay.
+    for later in [0, 1, 3600] {
+        let dispatch = policy.dispatch_once(Instant::now() + secs(later)).await;
+        assert!(dispatch.resumed.is_empty(), "resumed after {later} s");
+    }
+    assert_eq!(asked.load(Ordering::SeqCst), 0, "the classifier was asked");
+    let status = policy.status(id).expect("watched");
+    assert_eq!(
+        (status.standing, status.auto_resumes),
+        (Standing::UserPaused, 0)
+    );
+    assert_eq!(task.snapshot().generation, 1);
+}
+
+/// The delay of step n is `min × factor^n`, capped at the maximum (docs/policy.md),
+/// whatever the size of `factor^n`: an integral factor is exact to the nanosecond, also
+/// past what a float holds, and reaches the cap only when the product does.
+#[test]
+fn an_integral_factor_is_exact_until_the_product_reaches_the_cap() {
+    let year = secs(365 * 24 * 3600);
+    let settings = BackoffSettings::new(Duration::from_millis(1), year, 3.0).expect("valid");
+    // 3^21 does not fit in a u32, but 3^21 ms (121 days) is below the cap.
+    assert_eq!(settings.delay_at(21), Duration::from_millis(3u64.pow(21)));
+    assert_eq!(settings.delay_at(23), year, "3^23 ms is above a year");
+    // 3_000_001 ns × 3^20 is above 2^53 ns and odd: a float would round it.
+    let fine = BackoffSettings::new(Duration::from_nanos(3_000_001), year, 3.0).expect("valid");
+    assert_eq!(
+        fine.delay_at(20),
+        Duration::from_nanos(3_000_001 * 3u64.pow(20))
+    );
+    // A step so large that the power overflows every integer is the cap.
+    assert_eq!(settings.delay_at(u32::MAX), year);
+}
+
+/// The settings read back as given, and a fractional factor whose power is infinite as
+/// a float gives the cap, not a panic.
+#[test]
+fn settings_read_back_and_an_infinite_power_is_the_cap() {
+    let settings = BackoffSettings::new(secs(2), secs(90), 3.0)
+        .expect("valid")
+        .with_healthy_period(secs(45))
+        .expect("valid")
+        .with_jitter(Jitter::None);
+    assert_eq!(
+        (
+            settings.min(),
+            settings.max(),
+            settings.factor(),
+            settings.healthy_period(),
+            settings.jitter()
+        ),
+        (secs(2), secs(90), 3.0, secs(45), Jitter::None)
+    );
+    let fractional = BackoffSettings::new(Duration::from_millis(100), secs(1), 1.5).expect("valid");
+    assert_eq!(fractional.delay_at(u32::MAX), secs(1));
+    // A fractional factor's delay is counted in whole nanoseconds, not converted
+    // through seconds as a float (which is off by hundreds of ns at 2^62 ns).
+    let huge = Duration::from_nanos(1 << 62);
+    let long = BackoffSettings::new(huge, Duration::MAX, 1.5).expect("valid");
+    assert_eq!(long.delay_at(0), huge);
+    // Past u64 nanoseconds (584 years) it is counted in seconds.
+    let ages = secs(1 << 40);
+    let longer = BackoffSettings::new(ages, Duration::MAX, 1.5).expect("valid");
+    assert_eq!(longer.delay_at(0), ages);
+    // A backoff keeps the settings it was made with, and a reset goes back to step 0.
+    let mut backoff = Backoff::new(settings);
+    assert_eq!(backoff.settings(), &settings);
+    backoff.advance();
+    backoff.advance();
+    assert_eq!(backoff.step(), 2);
+    backoff.reset();
+    assert_eq!((backoff.step(), backoff.current()), (0, secs(2)));
+}

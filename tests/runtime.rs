@@ -826,3 +826,85 @@ fn spawn_on_a_runtime_without_timers_is_refused() {
         );
     });
 }
+
+// ---------------------------------------------------------------- a close that panics
+
+/// A unit whose `close` panics; its run completes at once or waits for its cancel.
+struct PanicsOnClose {
+    completes: bool,
+}
+
+impl taskstage::Unit for PanicsOnClose {
+    async fn run(
+        &mut self,
+        ctx: taskstage::RunContext,
+    ) -> Result<taskstage::RunExit, taskstage::RunError> {
+        if !self.completes {
+            ctx.cancelled().await;
+            return Ok(taskstage::RunExit::Cancelled);
+        }
+        Ok(taskstage::RunExit::Completed)
+    }
+
+    fn close(&mut self) {
+        panic!("close fails");
+    }
+}
+
+/// A unit that waits for its cancel and counts its closes.
+struct CountsCloses(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl taskstage::Unit for CountsCloses {
+    async fn run(
+        &mut self,
+        ctx: taskstage::RunContext,
+    ) -> Result<taskstage::RunExit, taskstage::RunError> {
+        ctx.cancelled().await;
+        Ok(taskstage::RunExit::Cancelled)
+    }
+
+    fn close(&mut self) {
+        // SeqCst: read by the test after the stage says the units are closed.
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// A panic in one unit's `close` is caught: the pipeline moves on after a completed
+/// unit, a stop (from Running or from Paused) still ends Stopped, and the other units
+/// are still closed.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_close_that_panics_neither_sticks_the_task_nor_skips_the_other_closes() {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    use std::sync::Arc;
+    support::within("close panics", support::PAUSED_BOUND, async {
+        for (completes, pause_first) in [(true, false), (false, false), (false, true)] {
+            let closed = Arc::new(AtomicUsize::new(0));
+            let handle = Task::builder("t")
+                .unit(PanicsOnClose { completes })
+                .unit(CountsCloses(Arc::clone(&closed)))
+                .spawn()
+                .unwrap();
+            let expected_unit = if completes { 1 } else { 0 };
+            let running = handle
+                .wait_for(|snapshot| {
+                    snapshot.stage == Stage::Running && snapshot.unit_index() == Some(expected_unit)
+                })
+                .await;
+            assert_eq!(running.unit_index(), Some(expected_unit));
+            if pause_first {
+                assert_eq!(handle.pause().await.ok(), Some(Stage::Paused));
+            }
+            assert_eq!(
+                handle.stop().await.ok(),
+                Some(Stage::Stopped),
+                "completes {completes}, paused first {pause_first}"
+            );
+            assert_eq!(
+                closed.load(SeqCst),
+                1,
+                "completes {completes}, paused first {pause_first}: the other unit was not closed"
+            );
+        }
+    })
+    .await;
+}

@@ -320,19 +320,26 @@ fn a_wait_for_predicate_may_use_the_handle(runtime: tokio::runtime::Runtime) {
             own.block_on(waiter.wait_for(move |_| inner.snapshot().stage == Stage::Running));
         let _ = done.send(snapshot.stage);
     });
-    // Drive the task's runtime while waiting (a current-thread runtime runs its tasks
-    // only inside `block_on`).
-    let waited = runtime.block_on(async {
-        tokio::task::spawn_blocking(move || finished.recv_timeout(Duration::from_secs(10))).await
+    // Drive the task's runtime on a thread of its own (a current-thread runtime runs
+    // its tasks only inside `block_on`): a deadlock that wedges it cannot hold up this
+    // thread's deadline.
+    let (release, released) = tokio::sync::oneshot::channel::<()>();
+    let driver = std::thread::spawn(move || {
+        runtime.block_on(async {
+            let _ = released.await;
+        });
+        runtime
     });
-    match waited.expect("the waiting thread panicked") {
+    match finished.recv_timeout(Duration::from_secs(10)) {
         Ok(stage) => assert_eq!(stage, Stage::Running),
         Err(_) => {
+            // The driver thread and the runtime are left wedged on the lock.
             std::mem::forget(handle);
-            std::mem::forget(runtime);
             panic!("wait_for deadlocked: its predicate ran under the task's lock");
         }
     }
+    let _ = release.send(());
+    let runtime = driver.join().expect("the driver thread panicked");
     assert_eq!(runtime.block_on(handle.stop()).unwrap(), Stage::Stopped);
 }
 

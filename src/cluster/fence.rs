@@ -182,3 +182,156 @@ pub(crate) async fn within<T>(
         }),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::coord::Compare;
+    use crate::cluster::MemoryCoordinator;
+
+    /// Puts the owner key of `task` for `worker` under `lease`, only if absent, and
+    /// returns its create revision.
+    async fn claim(store: &MemoryCoordinator, keys: &Keys, token: &FenceToken) -> i64 {
+        let owner = keys.owner(&token.task);
+        let txn = Txn {
+            when: vec![Compare::Absent(owner.clone())],
+            then: vec![Op::Put {
+                key: owner.clone(),
+                value: owner_value(&token.worker, token.lease).into_bytes(),
+                lease: Some(token.lease),
+            }],
+        };
+        assert!(store.txn(txn).await.expect("claim").succeeded);
+        let listing = store.list(owner.clone()).await.expect("list");
+        listing.get(&owner).expect("the owner key").create_revision
+    }
+
+    fn fencer(store: &MemoryCoordinator, keys: &Keys, token: FenceToken) -> Fencer {
+        Fencer::new(
+            Arc::new(store.clone()),
+            keys.clone(),
+            token,
+            Arc::new(Notify::new()),
+            Duration::from_secs(5),
+            false,
+        )
+    }
+
+    /// The token is the owner key's create revision as well as its value: the same
+    /// worker under the same lease that released the task and claimed it again holds
+    /// a new token, and the old one is rejected.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_stale_token_of_the_same_worker_under_the_same_lease_is_rejected() {
+        let store = MemoryCoordinator::new();
+        let keys = Keys::new("fence").expect("a prefix");
+        let lease = store
+            .grant(Duration::from_secs(10))
+            .await
+            .expect("grant")
+            .id;
+        let mut token = FenceToken {
+            task: TaskId::new("t").expect("an id"),
+            worker: WorkerId::new("w1").expect("an id"),
+            lease,
+            revision: 0,
+        };
+        token.revision = claim(&store, &keys, &token).await;
+        let old = fencer(&store, &keys, token.clone());
+        old.put_checkpoint("pos", b"1".to_vec())
+            .await
+            .expect("the owner's write");
+        assert!(!old.is_rejected());
+
+        // Released and claimed again: same value (worker and lease), new revision.
+        let owner = keys.owner(&token.task);
+        let release = Txn {
+            when: Vec::new(),
+            then: vec![Op::Delete { key: owner }],
+        };
+        assert!(store.txn(release).await.expect("release").succeeded);
+        let mut again = token.clone();
+        again.revision = claim(&store, &keys, &token).await;
+        assert!(again.revision > token.revision);
+
+        let rejected = old.put_checkpoint("pos", b"2".to_vec()).await;
+        assert!(
+            matches!(&rejected, Err(ClusterError::Fenced { task, .. }) if *task == token.task),
+            "a stale token was accepted: {rejected:?}"
+        );
+        assert!(old.is_rejected());
+        assert_eq!(
+            old.checkpoint("pos").await.expect("read"),
+            Some(b"1".to_vec())
+        );
+        let new = fencer(&store, &keys, again);
+        new.put_checkpoint("pos", b"3".to_vec())
+            .await
+            .expect("the current token's write");
+        assert_eq!(
+            new.checkpoint("pos").await.expect("read"),
+            Some(b"3".to_vec())
+        );
+    }
+
+    /// A fencer prints its token and whether it was rejected (and nothing of its
+    /// store handle).
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_fencer_prints_its_token_and_whether_it_was_rejected() {
+        let store = MemoryCoordinator::new();
+        let keys = Keys::new("fence").expect("a prefix");
+        let token = FenceToken {
+            task: TaskId::new("t").expect("an id"),
+            worker: WorkerId::new("w1").expect("an id"),
+            lease: 7,
+            revision: 3,
+        };
+        let fencer = fencer(&store, &keys, token.clone());
+        let text = format!("{fencer:?}");
+        assert!(text.starts_with("Fencer {"), "{text}");
+        assert!(text.contains(&format!("token: {token:?}")), "{text}");
+        assert!(text.contains("rejected: false"), "{text}");
+        // Nothing claimed the key: the write is rejected, and the fencer says so.
+        assert!(fencer.put_checkpoint("pos", Vec::new()).await.is_err());
+        assert!(format!("{fencer:?}").contains("rejected: true"));
+    }
+
+    /// A token of another worker, or of another lease of the same worker, is rejected
+    /// even with the right revision.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_token_naming_another_worker_or_lease_is_rejected() {
+        let store = MemoryCoordinator::new();
+        let keys = Keys::new("fence").expect("a prefix");
+        let lease = store
+            .grant(Duration::from_secs(10))
+            .await
+            .expect("grant")
+            .id;
+        let mut token = FenceToken {
+            task: TaskId::new("t").expect("an id"),
+            worker: WorkerId::new("w1").expect("an id"),
+            lease,
+            revision: 0,
+        };
+        token.revision = claim(&store, &keys, &token).await;
+        let mut other_worker = token.clone();
+        other_worker.worker = WorkerId::new("w2").expect("an id");
+        let mut other_lease = token.clone();
+        other_lease.lease = lease + 1;
+        for stale in [other_worker, other_lease] {
+            let result = fencer(&store, &keys, stale.clone())
+                .put_checkpoint("pos", b"x".to_vec())
+                .await;
+            assert!(
+                matches!(result, Err(ClusterError::Fenced { .. })),
+                "{stale:?}"
+            );
+        }
+        assert_eq!(
+            fencer(&store, &keys, token)
+                .checkpoint("pos")
+                .await
+                .expect("read"),
+            None
+        );
+    }
+}

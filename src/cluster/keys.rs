@@ -446,8 +446,35 @@ mod tests {
             assert!(TaskId::new(bad).is_err(), "{bad:?} was accepted");
             assert!(WorkerId::new(bad).is_err(), "{bad:?} was accepted");
         }
-        assert!(TaskId::new("x".repeat(129)).is_err());
         assert!(TaskId::new("orders-1.v2_x").is_ok());
+    }
+
+    #[test]
+    fn ids_of_up_to_128_bytes_are_accepted_and_longer_ones_refused() {
+        let longest = "x".repeat(MAX_ID_LEN);
+        assert_eq!(
+            TaskId::new(longest.clone()).map(|t| t.0),
+            Ok(longest.clone())
+        );
+        assert_eq!(WorkerId::new(longest.clone()).map(|w| w.0), Ok(longest));
+        // Bytes, not characters: 64 two-byte characters are 128 bytes.
+        assert!(TaskId::new("é".repeat(64)).is_ok());
+        assert!(TaskId::new("é".repeat(65)).is_err());
+        let too_long = "x".repeat(MAX_ID_LEN + 1);
+        assert!(matches!(
+            TaskId::new(too_long.clone()),
+            Err(ClusterError::InvalidTaskId {
+                reason: "it is longer than 128 bytes",
+                ..
+            })
+        ));
+        assert!(matches!(
+            WorkerId::new(too_long),
+            Err(ClusterError::InvalidWorkerId {
+                reason: "it is longer than 128 bytes",
+                ..
+            })
+        ));
     }
 
     #[test]
@@ -503,5 +530,72 @@ mod tests {
         assert!(!DesiredStage::Paused.answered_by(Stage::Pausing, false));
         assert!(DesiredStage::Running.answered_by(Stage::Paused, true));
         assert!(!DesiredStage::Running.answered_by(Stage::Paused, false));
+    }
+
+    #[test]
+    fn ids_and_desired_stages_read_back_as_given() {
+        let task = TaskId::new("orders-1").expect("a task id");
+        assert_eq!(
+            (task.as_str(), task.to_string()),
+            ("orders-1", "orders-1".into())
+        );
+        let worker = WorkerId::new("w-1").expect("a worker id");
+        assert_eq!((worker.as_str(), worker.to_string()), ("w-1", "w-1".into()));
+        for (stage, name) in [
+            (DesiredStage::Running, "Running"),
+            (DesiredStage::Paused, "Paused"),
+            (DesiredStage::Stopped, "Stopped"),
+        ] {
+            assert_eq!((stage.name(), stage.to_string()), (name, name.to_owned()));
+            assert_eq!(name.parse::<DesiredStage>().ok(), Some(stage));
+        }
+    }
+
+    #[test]
+    fn only_a_failed_outcome_is_failed() {
+        assert!(ObservedOutcome::Failed("disk full".into()).is_failed());
+        for outcome in [
+            ObservedOutcome::None,
+            ObservedOutcome::Completed,
+            ObservedOutcome::Cancelled,
+        ] {
+            assert!(!outcome.is_failed(), "{outcome:?}");
+        }
+    }
+
+    /// The task keys of the documented layout (docs/cluster.md), each parsed back to
+    /// what it names; a key of no known kind is not a task key.
+    #[test]
+    fn task_keys_follow_the_documented_layout() {
+        let keys = Keys::new("app/").expect("a prefix");
+        let t = TaskId::new("t1").expect("an id");
+        let layout = [
+            (keys.spec(&t), "app/tasks/t1/spec", TaskKey::Spec),
+            (keys.desired(&t), "app/tasks/t1/desired", TaskKey::Desired),
+            (keys.owner(&t), "app/tasks/t1/owner", TaskKey::Owner),
+            (
+                keys.observed(&t),
+                "app/tasks/t1/observed",
+                TaskKey::Observed,
+            ),
+            (
+                keys.checkpoint(&t, "pos"),
+                "app/tasks/t1/checkpoint/pos",
+                TaskKey::Checkpoint,
+            ),
+        ];
+        for (key, documented, kind) in layout {
+            assert_eq!(key, documented);
+            assert_eq!(keys.parse_task_key(&key), Some((t.clone(), kind)), "{key}");
+        }
+        assert_eq!(keys.tasks(), "app/tasks/");
+        assert_eq!(keys.task_dir(&t), "app/tasks/t1/");
+        for other in [
+            "app/tasks/t1/lease",
+            "app/tasks/t1/checkpoints",
+            "app/tasks/t1",
+        ] {
+            assert_eq!(keys.parse_task_key(other), None, "{other}");
+        }
     }
 }

@@ -212,15 +212,18 @@ impl BackoffSettings {
 
     /// The delay of `step` before jitter: `min × factor^step`, capped at `max`.
     pub fn delay_at(&self, step: u32) -> Duration {
-        // An integral factor (the usual 2) is computed exactly in integers; any other
-        // factor through floating point, rounded to the nanosecond.
+        // An integral factor (the usual 2) is computed exactly in integers, in u128
+        // nanoseconds (a power past u32 is still below the cap when the minimum is
+        // small); any other factor through floating point, rounded to the nanosecond.
         let exact = if self.factor.fract() == 0.0 && self.factor <= f64::from(u32::MAX) {
             // Lossless: the factor is integral, at least 1 and within u32 (checked
             // above and at construction).
-            let factor = self.factor as u32;
+            let factor = u128::from(self.factor as u32);
             factor
                 .checked_pow(step)
-                .and_then(|scale| self.min.checked_mul(scale))
+                .and_then(|scale| self.min.as_nanos().checked_mul(scale))
+                .filter(|nanos| *nanos < self.max.as_nanos())
+                .map(nanos_to_duration_exact)
         } else {
             let nanos = self.min.as_nanos() as f64 * self.factor.powf(f64::from(step));
             (nanos.is_finite() && nanos < self.max.as_nanos() as f64)
@@ -231,6 +234,16 @@ impl BackoffSettings {
             _ => self.max,
         }
     }
+}
+
+/// A count of nanoseconds below `Duration::MAX`'s, as a duration.
+fn nanos_to_duration_exact(nanos: u128) -> Duration {
+    const NANOS_PER_SEC: u128 = 1_000_000_000;
+    // Lossless: below `Duration::MAX` the seconds fit in u64, the rest in u32.
+    Duration::new(
+        (nanos / NANOS_PER_SEC) as u64,
+        (nanos % NANOS_PER_SEC) as u32,
+    )
 }
 
 /// A finite, non-negative count of nanoseconds below `Duration::MAX`, as a duration.

@@ -67,6 +67,23 @@ impl Unit for Count {
     }
 }
 
+/// A unit whose pre-start check never returns.
+struct HangsInCheck;
+
+impl Unit for HangsInCheck {
+    fn name(&self) -> &str {
+        "hangs"
+    }
+
+    async fn prepare(&mut self, _ctx: RunContext) -> Result<(), RunError> {
+        std::future::pending().await
+    }
+
+    async fn run(&mut self, _ctx: RunContext) -> Result<RunExit, RunError> {
+        Ok(RunExit::Completed)
+    }
+}
+
 /// Two counting units, their counts kept across tasks.
 struct Pair {
     counts: [Arc<Mutex<u64>>; 2],
@@ -76,6 +93,12 @@ struct Pair {
     /// Also starts a second copy of unit 0 in a task of its own: the original race.
     shadow: Option<crate::Handle>,
     shadows: bool,
+    /// The shadow is a task whose pre-start check never returns.
+    shadow_in_check: bool,
+    /// A watched copy of unit 0, made with the first task and started by the first
+    /// `update`: alive only after the pipeline came to rest.
+    late: Option<Watched<Count>>,
+    late_shadow: bool,
 }
 
 impl Pair {
@@ -87,6 +110,9 @@ impl Pair {
             check: None,
             shadow: None,
             shadows: false,
+            shadow_in_check: false,
+            late: None,
+            late_shadow: false,
         }
     }
 }
@@ -101,8 +127,15 @@ impl Subject for Pair {
             mode,
         };
         if self.shadows && self.shadow.is_none() {
-            let copy = Task::builder("shadow").unit(watch.unit(unit(0, Mode::Forever)));
+            let copy = if self.shadow_in_check {
+                Task::builder("shadow").unit(watch.unit(HangsInCheck))
+            } else {
+                Task::builder("shadow").unit(watch.unit(unit(0, Mode::Forever)))
+            };
             self.shadow = copy.spawn().ok();
+        }
+        if self.late_shadow && self.late.is_none() && self.shadow.is_none() {
+            self.late = Some(watch.unit(unit(0, Mode::Forever)));
         }
         let first = Task::builder("pair").unit(watch.unit(unit(0, Mode::Good)));
         if self.unwatched {
@@ -112,7 +145,11 @@ impl Subject for Pair {
         }
     }
 
-    fn update(&mut self, _n: u32) {}
+    fn update(&mut self, _n: u32) {
+        if let Some(late) = self.late.take() {
+            self.shadow = Task::builder("late").unit(late).spawn().ok();
+        }
+    }
 
     fn check(&mut self, end: &End) -> Result<(), String> {
         if let Some(problem) = &self.check {
@@ -359,6 +396,51 @@ fn a_second_copy_of_a_unit_running_beside_the_pipeline_is_two_live_runs() {
             assert!(!first.check || !second.check, "{failure}");
         }
         other => panic!("expected TwoLive, got {other}"),
+    }
+}
+
+#[test]
+fn a_check_alive_beside_a_run_is_two_live() {
+    // The shadow task's pre-start check never returns: the kit counts a check as
+    // alive as it counts a run, so the pipeline's own check or run overlaps it.
+    let failure = runner(|| Pair {
+        shadows: true,
+        shadow_in_check: true,
+        ..Pair::new(Mode::Good)
+    })
+    .run(&Schedule::default())
+    .expect_err("the shadow's check is alive beside the pipeline");
+    match &failure.violation {
+        Violation::TwoLive { first, second } => {
+            let shadow = [first, second]
+                .into_iter()
+                .find(|id| id.name == "hangs")
+                .unwrap_or_else(|| panic!("the shadow's check is not named: {failure}"));
+            assert!(shadow.check, "{failure}");
+        }
+        other => panic!("expected TwoLive, got {other}"),
+    }
+}
+
+#[test]
+fn a_run_alive_when_the_schedule_ends_is_caught() {
+    // The pipeline is stopped; then the subject starts a watched copy of unit 0 that
+    // never returns, overlapping nothing. The end-of-schedule check finds it alive.
+    let failure = runner(|| Pair {
+        late_shadow: true,
+        ..Pair::new(Mode::Good)
+    })
+    .run(&schedule(
+        "after 1 report: stop; after 1 ms: update 1; after 1 ms: resume",
+    ))
+    .expect_err("a run is alive at the end");
+    match &failure.violation {
+        Violation::LiveAfterCommand {
+            command: crate::Command::Resume,
+            stage: Stage::Stopped,
+            live,
+        } => assert_eq!((live.unit, live.check), (0, false), "{failure}"),
+        other => panic!("expected LiveAfterCommand at the end, got {other}"),
     }
 }
 

@@ -1,0 +1,553 @@
+//! Promises of the cluster layer that no scenario test pinned down, each checked in
+//! process on the in-memory store and tokio's paused clock: the lease deadline's
+//! arithmetic, the compare that makes `set_desired` a compare-and-set (a coordinator
+//! wrapper makes the race happen on cue), and a worker's capacity.
+//!
+//! Each test here kills a mutant of `scripts/mutation-check.sh` that every other
+//! suite let through (see docs/mutants.md).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use taskstage::cluster::{
+    BoxFuture, ClusterError, Controller, Coordinator, DesiredStage, Grant, KeepAlive, Listing,
+    MemoryCoordinator, Op, Txn, TxnResult, Worker,
+};
+use taskstage::{RunContext, RunError, RunExit, Stage, Task, Unit};
+use tokio::time::Instant;
+
+/// A run that waits for its cancellation.
+struct Wait;
+
+impl Unit for Wait {
+    async fn run(&mut self, ctx: RunContext) -> Result<RunExit, RunError> {
+        ctx.cancelled().await;
+        Ok(RunExit::Cancelled)
+    }
+}
+
+/// Waits, on the paused clock, until `probe` returns `Some`, failing after `bound`.
+async fn eventually<T>(bound: Duration, what: &str, mut probe: impl FnMut() -> Option<T>) -> T {
+    let end = Instant::now() + bound;
+    loop {
+        if let Some(value) = probe() {
+            return value;
+        }
+        assert!(Instant::now() < end, "not within {bound:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// `TTL·(1−ρ) − stop bound` after the keep-alive was sent, to the millisecond: at
+/// join (the grant counts as the first keep-alive) and after a later keep-alive.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_lease_deadline_leaves_the_drift_and_the_stop_bound() {
+    let store = MemoryCoordinator::new();
+    let joined = Instant::now();
+    // TTL 10 s, ρ = 0.1, stop bound 2 s: the lease is trusted for 10·0.9 − 2 = 7 s
+    // after each keep-alive is sent, and keep-alives go every 7 s / 3 = 2333 ms.
+    let worker = Worker::builder(store.clone(), "lease", "w1")
+        .ttl(Duration::from_secs(10))
+        .drift(0.1)
+        .stop_bound(Duration::from_secs(2))
+        .join(|spec| Ok(Task::builder(spec.task.as_str()).unit(Wait)))
+        .await
+        .expect("join on the in-memory store");
+    let first = worker.stop_deadline().expect("a deadline at join");
+    assert_eq!(
+        first.duration_since(joined),
+        Duration::from_millis(7_000),
+        "the deadline at join is not TTL·(1−ρ) − stop bound"
+    );
+    // The keep-alive at 2333 ms moves it to 2333 + 7000 ms.
+    let moved = eventually(
+        Duration::from_secs(5),
+        "a keep-alive moving the deadline",
+        || worker.stop_deadline().filter(|deadline| *deadline != first),
+    )
+    .await;
+    assert_eq!(
+        moved.duration_since(joined),
+        Duration::from_millis(2_333 + 7_000),
+        "a keep-alive's deadline is not sent + TTL·(1−ρ) − stop bound"
+    );
+    worker.shutdown().await.expect("shutdown");
+}
+
+/// A write another writer makes, staged to land just before a transaction that
+/// writes the same kind of key: the key's last component, the value and the lease.
+type Staged = (&'static str, Vec<u8>, Option<i64>);
+
+/// A coordinator that forwards to the in-memory store and, once a write is staged,
+/// applies it to the key of the next transaction that puts a key with the staged
+/// name, just before that transaction: the race a compare exists for, on cue.
+#[derive(Clone)]
+struct Racing {
+    store: MemoryCoordinator,
+    staged: Arc<std::sync::Mutex<Option<Staged>>>,
+}
+
+impl Racing {
+    fn new(store: &MemoryCoordinator) -> Racing {
+        Racing {
+            store: store.clone(),
+            staged: Arc::default(),
+        }
+    }
+
+    fn stage(&self, name: &'static str, value: &[u8], lease: Option<i64>) {
+        *self.lock() = Some((name, value.to_vec(), lease));
+    }
+
+    fn landed(&self) -> bool {
+        self.lock().is_none()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Staged>> {
+        self.staged
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl Coordinator for Racing {
+    fn grant(&self, ttl: Duration) -> BoxFuture<'_, Result<Grant, ClusterError>> {
+        self.store.grant(ttl)
+    }
+
+    fn keep_alive(&self, lease: i64) -> BoxFuture<'_, Result<KeepAlive, ClusterError>> {
+        self.store.keep_alive(lease)
+    }
+
+    fn revoke(&self, lease: i64) -> BoxFuture<'_, Result<(), ClusterError>> {
+        self.store.revoke(lease)
+    }
+
+    fn list(&self, prefix: String) -> BoxFuture<'_, Result<Listing, ClusterError>> {
+        self.store.list(prefix)
+    }
+
+    fn txn(&self, txn: Txn) -> BoxFuture<'_, Result<TxnResult, ClusterError>> {
+        Box::pin(async move {
+            let other = {
+                let mut staged = self.lock();
+                let key = staged.as_ref().and_then(|(name, _, _)| {
+                    txn.then.iter().find_map(|op| match op {
+                        Op::Put { key, .. } if key.rsplit('/').next() == Some(name) => {
+                            Some(key.clone())
+                        }
+                        _ => None,
+                    })
+                });
+                key.and_then(|key| staged.take().map(|(_, value, lease)| (key, value, lease)))
+            };
+            if let Some((key, value, lease)) = other {
+                let other = Txn {
+                    when: Vec::new(),
+                    then: vec![Op::Put { key, value, lease }],
+                };
+                self.store.txn(other).await?;
+            }
+            self.store.txn(txn).await
+        })
+    }
+
+    fn wait_change(
+        &self,
+        prefix: String,
+        after: i64,
+        timeout: Duration,
+    ) -> BoxFuture<'_, Result<(), ClusterError>> {
+        self.store.wait_change(prefix, after, timeout)
+    }
+}
+
+/// `set_desired` reads the desired stage, then writes only if it is unchanged: a write
+/// by someone else in between makes it a `Conflict` that writes nothing.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn set_desired_is_a_compare_and_set_on_the_desired_stage() {
+    let store = MemoryCoordinator::new();
+    let racing = Racing::new(&store);
+    let controller = Controller::new(racing.clone(), "cas").expect("a controller");
+    controller
+        .create("t", Vec::new(), DesiredStage::Running)
+        .await
+        .expect("create");
+    racing.stage("desired", b"Paused", None);
+    let result = controller.set_desired("t", DesiredStage::Stopped).await;
+    assert!(
+        matches!(&result, Err(ClusterError::Conflict { task, .. }) if task.as_str() == "t"),
+        "a desired stage changed between the read and the write was overwritten: {result:?}"
+    );
+    assert!(racing.landed(), "the race was never staged");
+    let status = controller.status("t").await.expect("status");
+    assert_eq!(
+        status.desired,
+        DesiredStage::Paused,
+        "the other writer's stage was lost"
+    );
+    // Without a race, the same call is applied.
+    let revision = controller
+        .set_desired("t", DesiredStage::Running)
+        .await
+        .expect("an uncontended set");
+    let status = controller.status("t").await.expect("status");
+    assert_eq!(
+        (status.desired, status.desired_revision),
+        (DesiredStage::Running, revision)
+    );
+}
+
+/// A worker never holds more tasks than its capacity: with capacity 2 and three tasks,
+/// the third is left for a second worker.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_worker_holds_no_more_tasks_than_its_capacity() {
+    let store = MemoryCoordinator::new();
+    let controller = Controller::new(store.clone(), "cap").expect("a controller");
+    for task in ["a", "b", "c"] {
+        controller
+            .create(task, Vec::new(), DesiredStage::Running)
+            .await
+            .expect("create");
+    }
+    let join = |id: &'static str| {
+        Worker::builder(store.clone(), "cap", id)
+            .ttl(Duration::from_secs(2))
+            .stop_bound(Duration::from_millis(600))
+            .resync(Duration::from_millis(200))
+            .capacity(2)
+            .join(|spec| Ok(Task::builder(spec.task.as_str()).unit(Wait)))
+    };
+    let w1 = join("w1").await.expect("join w1");
+    // w1 claims two tasks; give it several resyncs to (wrongly) claim the third.
+    eventually(Duration::from_secs(5), "w1 holding two tasks", || {
+        (w1.tasks().len() >= 2).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(w1.tasks().len(), 2, "w1 holds {:?}", w1.tasks());
+    let w2 = join("w2").await.expect("join w2");
+    for task in ["a", "b", "c"] {
+        let status = controller
+            .resume_within(task, Duration::from_secs(10))
+            .await
+            .expect("every task running on one of the two workers");
+        assert_eq!(status.stage, Stage::Running);
+    }
+    assert_eq!((w1.tasks().len(), w2.tasks().len()), (2, 1));
+    let third = w2.tasks();
+    assert!(third.iter().all(|t| !w1.tasks().contains(t)));
+    w1.shutdown().await.expect("shutdown w1");
+    w2.shutdown().await.expect("shutdown w2");
+}
+
+/// A run that counts itself alive (and the most alive at once) until its future goes.
+struct Counted {
+    alive: Arc<std::sync::atomic::AtomicUsize>,
+    most: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+struct Leaves(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for Leaves {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Unit for Counted {
+    async fn run(&mut self, ctx: RunContext) -> Result<RunExit, RunError> {
+        // SeqCst: counters read by the test on the same runtime.
+        let now = self.alive.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most.fetch_max(now, Ordering::SeqCst);
+        let _leaves = Leaves(Arc::clone(&self.alive));
+        ctx.cancelled().await;
+        Ok(RunExit::Cancelled)
+    }
+}
+
+type Counters = (
+    Arc<std::sync::atomic::AtomicUsize>,
+    Arc<std::sync::atomic::AtomicUsize>,
+);
+
+async fn join_counted(
+    store: &MemoryCoordinator,
+    prefix: &str,
+    id: &str,
+    counters: &Counters,
+) -> Worker {
+    let (alive, most) = (Arc::clone(&counters.0), Arc::clone(&counters.1));
+    Worker::builder(store.clone(), prefix, id)
+        .ttl(Duration::from_secs(2))
+        .stop_bound(Duration::from_millis(600))
+        .resync(Duration::from_millis(200))
+        .join(move |spec| {
+            Ok(Task::builder(spec.task.as_str()).unit(Counted {
+                alive: Arc::clone(&alive),
+                most: Arc::clone(&most),
+            }))
+        })
+        .await
+        .expect("join on the in-memory store")
+}
+
+/// A keep-alive answered "expired" ends the worker at once: its runs are stopped
+/// before the deadline it had, `closed` returns `LeaseLost`, and the store has
+/// dropped the keys under the lease, so the task is free for another worker.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_worker_whose_lease_is_gone_stops_its_runs_and_ends() {
+    let store = MemoryCoordinator::new();
+    let counters: Counters = Default::default();
+    let mut worker = join_counted(&store, "lost", "w1", &counters).await;
+    let controller = Controller::new(store.clone(), "lost").expect("a controller");
+    controller
+        .create("t", Vec::new(), DesiredStage::Running)
+        .await
+        .expect("create");
+    controller
+        .resume_within("t", Duration::from_secs(10))
+        .await
+        .expect("running on w1");
+    assert_eq!(counters.0.load(Ordering::SeqCst), 1);
+    let deadline = worker.stop_deadline().expect("a lease deadline");
+
+    store.expire_lease(worker.lease());
+    let closed = tokio::time::timeout(Duration::from_secs(10), worker.closed())
+        .await
+        .expect("the worker did not end after its lease expired");
+    assert!(
+        matches!(&closed, Err(ClusterError::LeaseLost { worker }) if worker.as_str() == "w1"),
+        "{closed:?}"
+    );
+    assert!(worker.is_finished());
+    assert_eq!(
+        counters.0.load(Ordering::SeqCst),
+        0,
+        "a run outlived the lease"
+    );
+    assert!(
+        Instant::now() < deadline,
+        "the runs were stopped by the deadline, not by the expiry"
+    );
+    let status = controller.status("t").await.expect("status");
+    assert_eq!(status.owner, None, "the owner key outlived its lease");
+    drop(worker);
+
+    let w2 = join_counted(&store, "lost", "w2", &counters).await;
+    let running = controller
+        .resume_within("t", Duration::from_secs(10))
+        .await
+        .expect("running on w2");
+    assert_eq!(running.owner.as_str(), "w2");
+    assert_eq!(counters.1.load(Ordering::SeqCst), 1, "two runs at once");
+    w2.shutdown().await.expect("shutdown");
+}
+
+/// Stopped is final: a later desired stage other than Stopped is refused and changes
+/// nothing.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_stopped_task_stays_stopped() {
+    let store = MemoryCoordinator::new();
+    let controller = Controller::new(store.clone(), "final").expect("a controller");
+    controller
+        .create("t", Vec::new(), DesiredStage::Running)
+        .await
+        .expect("create");
+    let stopped = controller
+        .set_desired("t", DesiredStage::Stopped)
+        .await
+        .expect("stop");
+    for desired in [DesiredStage::Running, DesiredStage::Paused] {
+        let refused = controller.set_desired("t", desired).await;
+        assert!(
+            matches!(&refused, Err(ClusterError::Stopped { task, .. }) if task.as_str() == "t"),
+            "{desired}: {refused:?}"
+        );
+    }
+    let status = controller.status("t").await.expect("status");
+    assert_eq!(
+        (status.desired, status.desired_revision),
+        (DesiredStage::Stopped, stopped)
+    );
+}
+
+/// A claim creates the owner key only if it is absent: a worker that lists the task
+/// unowned and claims it just after another worker did leaves the other's key alone.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_claim_never_overwrites_another_workers_owner_key() {
+    let store = MemoryCoordinator::new();
+    let controller = Controller::new(store.clone(), "race").expect("a controller");
+    controller
+        .create("t", Vec::new(), DesiredStage::Running)
+        .await
+        .expect("create");
+    // The other worker's claim, staged to land just before w1's.
+    let other = store.grant(Duration::from_secs(60)).await.expect("grant");
+    let racing = Racing::new(&store);
+    racing.stage(
+        "owner",
+        format!("w0@{:x}", other.id).as_bytes(),
+        Some(other.id),
+    );
+    let counters: Counters = Default::default();
+    let (alive, most) = (Arc::clone(&counters.0), Arc::clone(&counters.1));
+    let w1 = Worker::builder(racing.clone(), "race", "w1")
+        .ttl(Duration::from_secs(2))
+        .stop_bound(Duration::from_millis(600))
+        .resync(Duration::from_millis(200))
+        .join(move |spec| {
+            Ok(Task::builder(spec.task.as_str()).unit(Counted {
+                alive: Arc::clone(&alive),
+                most: Arc::clone(&most),
+            }))
+        })
+        .await
+        .expect("join");
+    eventually(Duration::from_secs(5), "w1 claiming the task", || {
+        racing.landed().then_some(())
+    })
+    .await;
+    // A few resyncs for w1 to act on a claim it wrongly thinks it won.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let status = controller.status("t").await.expect("status");
+    assert_eq!(
+        status.owner.as_ref().map(|w| w.as_str()),
+        Some("w0"),
+        "w1's claim overwrote w0's owner key"
+    );
+    assert_eq!(status.owner_lease, Some(other.id));
+    assert!(w1.tasks().is_empty(), "w1 holds {:?}", w1.tasks());
+    assert_eq!(
+        counters.1.load(Ordering::SeqCst),
+        0,
+        "w1 ran a task it does not own"
+    );
+    w1.shutdown().await.expect("shutdown w1");
+}
+
+/// A clean shutdown stops the runs, withdraws the owner keys and the reports, and
+/// revokes the lease: another worker takes the task over at once, not a TTL later.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_clean_shutdown_withdraws_its_keys_and_revokes_its_lease() {
+    let store = MemoryCoordinator::new();
+    let counters: Counters = Default::default();
+    let w1 = join_counted(&store, "clean", "w1", &counters).await;
+    let controller = Controller::new(store.clone(), "clean").expect("a controller");
+    controller
+        .create("t", Vec::new(), DesiredStage::Running)
+        .await
+        .expect("create");
+    controller
+        .resume_within("t", Duration::from_secs(10))
+        .await
+        .expect("running on w1");
+    let lease = w1.lease();
+    let shut = Instant::now();
+    w1.shutdown().await.expect("a clean shutdown");
+    assert_eq!(
+        counters.0.load(Ordering::SeqCst),
+        0,
+        "a run outlived shutdown"
+    );
+    assert!(
+        !store.leases().contains(&lease),
+        "the lease was not revoked"
+    );
+    let status = controller.status("t").await.expect("status");
+    assert_eq!(status.owner, None, "the owner key was not withdrawn");
+    assert_eq!(status.observed, None, "the report was not withdrawn");
+
+    let w2 = join_counted(&store, "clean", "w2", &counters).await;
+    let running = controller
+        .resume_within("t", Duration::from_secs(10))
+        .await
+        .expect("running on w2");
+    assert_eq!(running.owner.as_str(), "w2");
+    assert!(
+        shut.elapsed() < Duration::from_secs(2),
+        "the takeover waited {:?}, as long as the TTL",
+        shut.elapsed()
+    );
+    w2.shutdown().await.expect("shutdown w2");
+}
+
+/// A controller's answer comes from the task's current owner only: a report counts
+/// when its writer and fence token are the owner key's; with no owner, only a
+/// terminal report (a released task's) still stands.
+#[test]
+fn only_the_current_owners_report_answers() {
+    use taskstage::cluster::{ObservedOutcome, ObservedStatus, TaskStatus, WorkerId};
+    let w1 = WorkerId::new("w1").expect("an id");
+    let report = |stage: Stage, owner_revision: i64| ObservedStatus {
+        stage,
+        generation: 1,
+        outcome: ObservedOutcome::None,
+        desired_revision: 7,
+        owner: w1.clone(),
+        owner_revision,
+    };
+    let status = |owner: Option<(&WorkerId, i64)>, observed: ObservedStatus| TaskStatus {
+        task: taskstage::cluster::TaskId::new("t").expect("an id"),
+        desired: DesiredStage::Paused,
+        desired_revision: 7,
+        owner: owner.map(|(w, _)| w.clone()),
+        owner_revision: owner.map(|(_, r)| r),
+        owner_lease: owner.map(|_| 1),
+        observed: Some(observed),
+        revision: 9,
+    };
+    let current = status(Some((&w1, 5)), report(Stage::Paused, 5));
+    assert!(current.current_observed().is_some());
+    assert!(current.answers(7));
+    // The same worker id, an older token: an earlier incarnation's report.
+    let stale = status(Some((&w1, 5)), report(Stage::Paused, 4));
+    assert_eq!(stale.current_observed(), None);
+    assert!(!stale.answers(7));
+    let other = WorkerId::new("w2").expect("an id");
+    assert_eq!(
+        status(Some((&other, 5)), report(Stage::Paused, 5)).current_observed(),
+        None
+    );
+    // No owner: a Paused report of a vanished owner does not stand; Stopped does.
+    assert_eq!(
+        status(None, report(Stage::Paused, 5)).current_observed(),
+        None
+    );
+    assert!(status(None, report(Stage::Stopped, 5))
+        .current_observed()
+        .is_some());
+}
+
+/// Creating a task that exists is `TaskExists` and writes nothing.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn creating_an_existing_task_is_refused_and_writes_nothing() {
+    let store = MemoryCoordinator::new();
+    let controller = Controller::new(store.clone(), "exists").expect("a controller");
+    let created = controller
+        .create("t", b"first".to_vec(), DesiredStage::Running)
+        .await
+        .expect("create");
+    let again = controller
+        .create("t", b"second".to_vec(), DesiredStage::Paused)
+        .await;
+    assert!(
+        matches!(&again, Err(ClusterError::TaskExists { task }) if task.as_str() == "t"),
+        "{again:?}"
+    );
+    let status = controller.status("t").await.expect("status");
+    assert_eq!(
+        (status.desired, status.desired_revision),
+        (DesiredStage::Running, created)
+    );
+    let spec = store
+        .list("exists/tasks/t/spec".to_owned())
+        .await
+        .expect("list");
+    assert_eq!(
+        spec.get("exists/tasks/t/spec")
+            .map(|kv| kv.value.as_slice()),
+        Some(&b"first"[..])
+    );
+}
