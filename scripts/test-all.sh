@@ -19,29 +19,47 @@ bash scripts/etcd-setup.sh
 
 echo "== build every target with every feature (etcd, metrics, testing, cli) =="
 # One build for all of them: the features only add code, and each test file that
-# needs one says so with `required-features`.
-cargo test --all-targets --all-features --no-run
+# needs one says so with `required-features`. Cargo's list of what it built is kept:
+# the suites run from it below, as `cargo test` would run them, in its order.
+built=$(mktemp)
+cargo test --all-targets --all-features --no-run --message-format=json-render-diagnostics \
+  | python3 scripts/test-binaries.py >"$built"
 
-loom_log=$(mktemp)
-loom_pid=""
-stop_loom() {
-  if [[ -n $loom_pid ]]; then
-    kill -- "-$loom_pid" 2>/dev/null || kill "$loom_pid" 2>/dev/null || true
-  fi
+# Two lanes run in the background, at a lower CPU priority, while the suites run:
+# most of those wait on etcd's timers and leave the cores idle.
+#  - side: the compile-fail proofs (default features: the saved errors are theirs),
+#    then the doc tests (every feature). The suites below run their built binaries
+#    directly, without cargo, so this lane's builds never wait for them.
+#  - loom: the loom models, in a separate target dir (the cfg changes RUSTFLAGS,
+#    which would otherwise force the normal build to be redone on the next run),
+#    release mode. Each model sets its own preemption bound in code (two-party
+#    models: none, so they are exhaustive; three-party models: 3, and their comments
+#    say why).
+logs=$(mktemp -d)
+lanes=()
+stop_lanes() {
+  local pid
+  for pid in "${lanes[@]}"; do
+    kill -- "-$pid" 2>/dev/null || true
+  done
 }
-trap stop_loom EXIT
-echo "== loom models: building and running in the background (output below, at the end) =="
-# A separate target dir: the cfg changes RUSTFLAGS, which would otherwise force the
-# normal build to be redone on the next run. Each model sets its own preemption bound
-# in code (two-party models: none, so they are exhaustive; three-party models: 3, and
-# their comments say why). `nice`: the timing-sensitive cluster suites keep the CPU.
+trap stop_lanes EXIT
 set -m
+(
+  set -e
+  echo "== compile-fail proofs of the typestate API (default features: the saved errors are theirs) =="
+  nice -n 10 cargo test --test compile_fail
+  echo "== doc tests (every feature) =="
+  nice -n 10 cargo test --doc --all-features
+) >"$logs/side" 2>&1 &
+lanes+=($!)
 (
   RUSTFLAGS="--cfg taskstage_loom" CARGO_TARGET_DIR=target/loom \
     nice -n 10 cargo test --release --test loom -- --test-threads=1 --nocapture
-) >"$loom_log" 2>&1 &
-loom_pid=$!
+) >"$logs/loom" 2>&1 &
+lanes+=($!)
 set +m
+echo "== in the background: compile-fail and doc tests; loom models (output below, at the end) =="
 
 failed=()
 echo "== every target with every feature =="
@@ -52,20 +70,28 @@ echo "== every target with every feature =="
 # merged history checked), the randomized nemesis (60 s, a fresh seed printed first;
 # its unfenced control must fail the checker), the `taskstage` command (feature cli)
 # run as a binary against etcd and worker processes, and the migrate example's cluster
-# mode at small scale.
-cargo test --all-targets --all-features || failed+=("every target")
-echo "== compile-fail proofs of the typestate API (default features: the saved errors are theirs) =="
-cargo test --test compile_fail || failed+=("compile-fail")
-echo "== doc tests (every feature) =="
-cargo test --doc --all-features || failed+=("doc tests")
+# mode at small scale. Each runs as `cargo test` runs it: from the package's root,
+# with the package's directory in CARGO_MANIFEST_DIR.
+export CARGO_MANIFEST_DIR=$PWD
+while IFS=$'\t' read -r label exe; do
+  echo "     Running $label ($exe)"
+  "$exe" || failed+=("$label")
+done <"$built"
+rm -f "$built"
 
-echo "== loom models (--cfg taskstage_loom, release; run beside the suites above) =="
-if ! wait "$loom_pid"; then
-  failed+=("loom models")
-fi
-loom_pid=""
-cat "$loom_log"
-rm -f "$loom_log"
+names=("compile-fail and doc tests" "loom models")
+logs_of=("$logs/side" "$logs/loom")
+for i in 0 1; do
+  if ! wait "${lanes[$i]}"; then
+    failed+=("${names[$i]}")
+  fi
+  if ((i == 1)); then
+    echo "== loom models (--cfg taskstage_loom, release; run beside the suites above) =="
+  fi
+  cat "${logs_of[$i]}"
+done
+lanes=()
+rm -rf "$logs"
 
 if ((${#failed[@]} > 0)); then
   echo "FAILED: ${failed[*]}" >&2

@@ -1,0 +1,40 @@
+#!/usr/bin/env python3
+"""Reads cargo's JSON messages (`cargo test --no-run --message-format=json...`) on
+stdin and prints each test binary it built, one per line, as `label<TAB>path`, in the
+order `cargo test` runs them: the library's unit tests, the binaries', the
+integration tests, the benchmarks, the examples (each group by name). Compiler
+messages that cargo rendered pass through to stderr."""
+
+import json
+import os
+import sys
+
+ORDER = {"lib": 0, "bin": 1, "test": 2, "bench": 3, "example": 4}
+found = []
+for line in sys.stdin:
+    try:
+        message = json.loads(line)
+    except json.JSONDecodeError:
+        sys.stderr.write(line)
+        continue
+    if message.get("reason") == "compiler-message":
+        rendered = (message.get("message") or {}).get("rendered")
+        if rendered:
+            sys.stderr.write(rendered)
+        continue
+    if message.get("reason") != "compiler-artifact":
+        continue
+    if not message.get("executable") or not message["profile"]["test"]:
+        continue
+    target = message["target"]
+    kind = next((k for k in target["kind"] if k in ORDER), None)
+    if kind is None:
+        continue
+    source = os.path.relpath(target["src_path"])
+    label = f"unittests {source}" if kind in ("lib", "bin", "example") else source
+    found.append((ORDER[kind], target["name"], label, message["executable"]))
+
+if not found:
+    sys.exit("test-binaries: cargo reported no test binary")
+for _, _, label, executable in sorted(found):
+    print(f"{label}\t{executable}")
