@@ -1187,6 +1187,101 @@ for n in $SELECTED; do
   fi
 done
 
+# Defects found from outside (issue 20), each with the mutant of its class.
+
+m82() {
+  WHERE="lifecycle/mod.rs: Lifecycle::subscribe_changes"
+  MUTANT="a reader made on a terminal task starts at the current change without looking at the stage (its stream never ends)"
+  SUITE="--test events a_stream_made_on_a_terminal_task"
+  edit src/lifecycle/mod.rs <<'EOF'
+        if state.stage.is_terminal() {
+            return (state.seq, true);
+        }
+@@@@
+EOF
+}
+
+m83() {
+  WHERE="runtime/shared.rs: Tokio::spawn_closes"
+  MUTANT="a stop's closes run in the caller of the command (stop_now, stop_all, the last handle's drop), not on the blocking pool"
+  SUITE="--test group closes"
+  edit src/runtime/shared.rs <<'EOF'
+        drop(
+            self.runtime
+                .spawn_blocking(move || tracing::dispatcher::with_default(&dispatch, closes)),
+        );
+@@@@
+        tracing::dispatcher::with_default(&dispatch, closes);
+EOF
+}
+
+m84() {
+  WHERE="runtime/builder.rs: timers_enabled"
+  MUTANT="spawn takes any runtime for one with timers (a later command panics inside tokio)"
+  SUITE="--test runtime spawn_on_a_runtime_without_timers"
+  edit src/runtime/builder.rs <<'EOF'
+    std::panic::catch_unwind(|| drop(tokio::time::sleep(Duration::ZERO))).is_ok()
+@@@@
+    true
+EOF
+}
+
+m85() {
+  WHERE="cluster/worker.rs: Drop for Worker"
+  MUTANT="dropping a worker ends its loops (the lease guard with them) without stopping its runs first"
+  SUITE="--all-features --test cluster_prop dropping_a_worker"
+  edit src/cluster/worker.rs <<'EOF'
+        for handle in self.inner.take_handles() {
+            handle.stop_aborting();
+        }
+@@@@
+        drop(self.inner.take_handles());
+EOF
+}
+
+m86() {
+  WHERE="cluster/keys.rs: Keys::worker"
+  MUTANT="every incarnation of a worker id shares one membership key (the last to join moves it under its lease)"
+  SUITE="--all-features --test cluster_prop a_worker_id_stays_listed"
+  edit src/cluster/keys.rs <<'EOF'
+        format!("{}/workers/{}", self.prefix, owner_value(worker, lease))
+@@@@
+        format!("{}/workers/{}", self.prefix, owner_value(worker, 0))
+EOF
+}
+
+m87() {
+  WHERE="cluster/etcd.rs: EtcdCoordinator::call"
+  MUTANT="an Unreachable names only the last member's failure"
+  SUITE="--all-features --test cluster_etcd an_unreachable_etcd"
+  edit src/cluster/etcd.rs <<'EOF'
+            detail: failures.join("; "),
+@@@@
+            detail: failures.pop().unwrap_or_default(),
+EOF
+}
+
+m88() {
+  WHERE="runtime/shared.rs: Tokio::spawn_closes"
+  MUTANT="a stop's closes run without the caller's tracing dispatcher (a scoped subscriber loses the Stopped event)"
+  SUITE="--test tracing"
+  edit src/runtime/shared.rs <<'EOF'
+        let dispatch = tracing::dispatcher::get_default(tracing::Dispatch::clone);
+@@@@
+        let dispatch = tracing::Dispatch::default();
+EOF
+}
+
+m89() {
+  WHERE="cluster/controller.rs: Controller::set"
+  MUTANT="a stop of a task already desired Stopped writes a new desired revision (a worker rebuilds the released task to answer it)"
+  SUITE="--all-features --test cluster_prop a_second_stop"
+  edit src/cluster/controller.rs <<'EOF'
+            return Ok(status.desired_revision);
+@@@@
+EOF
+}
+
 # ---------------------------------------------------------------- baseline
 
 declare -A NEEDED=()
