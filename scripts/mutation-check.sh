@@ -1178,15 +1178,6 @@ m81() {
 EOF
 }
 
-ALL=$(declare -F | awk '$3 ~ /^m[0-9]+$/ { print substr($3, 2) }' | sort -n | tr '\n' ' ')
-SELECTED=${MUTANTS:-$ALL}
-for n in $SELECTED; do
-  if ! declare -F "m$n" >/dev/null; then
-    echo "mutation-check: no mutant $n (there are: $ALL)" >&2
-    exit 2
-  fi
-done
-
 # Defects found from outside (issue 20), each with the mutant of its class.
 
 m82() {
@@ -1281,6 +1272,15 @@ m89() {
 @@@@
 EOF
 }
+
+ALL=$(declare -F | awk '$3 ~ /^m[0-9]+$/ { print substr($3, 2) }' | sort -n | tr '\n' ' ')
+SELECTED=${MUTANTS:-$ALL}
+for n in $SELECTED; do
+  if ! declare -F "m$n" >/dev/null; then
+    echo "mutation-check: no mutant $n (there are: $ALL)" >&2
+    exit 2
+  fi
+done
 
 # ---------------------------------------------------------------- baseline
 
