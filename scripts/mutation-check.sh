@@ -1189,6 +1189,7 @@ m82() {
             return (state.seq, true);
         }
 @@@@
+        // (the stage is not looked at)
 EOF
 }
 
@@ -1270,6 +1271,7 @@ m89() {
   edit src/cluster/controller.rs <<'EOF'
             return Ok(status.desired_revision);
 @@@@
+            // (a new revision is written)
 EOF
 }
 
