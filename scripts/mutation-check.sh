@@ -655,9 +655,9 @@ m38() {
   MUTANT="a keep-alive answered \"lease not found\" is read as an answer that keeps the lease alive"
   SUITE="--all-features --test cluster_etcd a_keep_alive_of_a_lease_that_no_longer_exists"
   edit src/cluster/etcd.rs <<'EOF'
-                        Err(error) if lease_not_found(&error) => Ok(false),
+                        Err(error) if lease_not_found(&error) => return Ok(None),
 @@@@
-                        Err(error) if lease_not_found(&error) => Ok(true),
+                        Err(error) if lease_not_found(&error) => return Ok(Some(1)),
 EOF
 }
 
@@ -1246,7 +1246,7 @@ m87() {
   WHERE="cluster/etcd.rs: EtcdCoordinator::call"
   MUTANT="an Unreachable names only the last member's failure"
   SUITE="--all-features --test cluster_etcd an_unreachable_etcd"
-  edit src/cluster/etcd.rs <<'EOF'
+  edit src/cluster/etcd.rs "async fn call<T, F, Fut>" <<'EOF'
             detail: failures.join("; "),
 @@@@
             detail: failures.pop().unwrap_or_default(),
@@ -1260,7 +1260,7 @@ m88() {
   edit src/runtime/shared.rs <<'EOF'
         let dispatch = tracing::dispatcher::get_default(tracing::Dispatch::clone);
 @@@@
-        let dispatch = tracing::Dispatch::default();
+        let dispatch = tracing::Dispatch::none();
 EOF
 }
 
