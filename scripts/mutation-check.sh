@@ -132,7 +132,7 @@ suite_cmd() { # MODE SUITE
         esac
         case ${args[n]} in
           --lib) n=$((n + 1)) ;;
-          --test) n=$((n + 2)) ;;
+          --test | --bin) n=$((n + 2)) ;;
         esac
         CMD=(cargo test "${args[@]:0:n}" --no-run)
       else
@@ -1272,6 +1272,77 @@ m89() {
             return Ok(status.desired_revision);
 @@@@
             // (a new revision is written)
+EOF
+}
+
+# ---- the command line (feature cli), metrics, the unit adapter
+
+m90() {
+  WHERE="bin/taskstage/error.rs: CliError::code"
+  MUTANT="an unreachable store exits 1 (refused) instead of 3, so a script cannot tell it from a refusal"
+  SUITE="--all-features --test cli"
+  edit src/bin/taskstage/error.rs <<'EOF'
+            CliError::Unreachable { .. } => UNREACHABLE,
+@@@@
+            CliError::Unreachable { .. } => REFUSED,
+EOF
+}
+
+m91() {
+  WHERE="bin/taskstage/render.rs: answered"
+  MUTANT="every task shows as answering its desired stage, whatever its owner reported"
+  SUITE="--all-features --test cli"
+  edit src/bin/taskstage/render.rs <<'EOF'
+    status.answers(status.desired_revision)
+@@@@
+    let _ = status;
+    true
+EOF
+}
+
+m92() {
+  WHERE="bin/taskstage/main.rs: the tasks a command acts on"
+  MUTANT="--all on a cluster with no task succeeds with nothing done, instead of a bad-input error"
+  SUITE="--all-features --test cli"
+  edit src/bin/taskstage/main.rs <<'EOF'
+        if chosen.iter().all(|(_, plan)| *plan == Plan::Skip) {
+@@@@
+        if !chosen.is_empty() && chosen.iter().all(|(_, plan)| *plan == Plan::Skip) {
+EOF
+}
+
+m93() {
+  WHERE="bin/taskstage/args.rs: parse_duration"
+  MUTANT="a timeout in minutes is read as seconds"
+  SUITE="--all-features --bin taskstage durations"
+  edit src/bin/taskstage/args.rs <<'EOF'
+        "m" => number * 60.0,
+@@@@
+        "m" => number,
+EOF
+}
+
+m94() {
+  WHERE="runtime/metrics.rs: retired"
+  MUTANT="a task that is gone stays counted in the taskstage_tasks gauge of its last stage"
+  SUITE="--features metrics --test metrics"
+  edit src/runtime/metrics.rs "pub(crate) fn retired" <<'EOF'
+    metrics::gauge!(names::TASKS, "stage" => stage.name()).decrement(1.0);
+@@@@
+    metrics::gauge!(names::TASKS, "stage" => stage.name()).decrement(0.0);
+EOF
+}
+
+m95() {
+  WHERE="runtime/unit.rs: DynUnit for a Unit"
+  MUTANT="the object-safe adapter never calls the unit's own close()"
+  SUITE="--test truth"
+  edit src/runtime/unit.rs <<'EOF'
+    fn close(&mut self) {
+        Unit::close(self);
+    }
+@@@@
+    fn close(&mut self) {}
 EOF
 }
 
