@@ -247,7 +247,21 @@ where
     /// Carries out the effects of one accepted input, with no lock held: cancels,
     /// tells the runtime, spawns the start, closes the units of a stop and reports
     /// them closed (which publishes Stopped).
+    ///
+    /// For the caller of a command or a drop: the closes (user code that may block)
+    /// go to [`Runtime::spawn_closes`], never run here.
     pub fn carry_out(this: &Arc<Self>, applied: Applied<K, C, U>) {
+        Self::carry_out_at(this, applied, Closing::Apart);
+    }
+
+    /// As [`Driver::carry_out`], from a check's or run's own future after it ended
+    /// (its report): no caller waits on it, so the closes run right here, as the
+    /// close of a completed unit does, and no stop pays a hand-off to the runtime.
+    fn carry_out_in_run(this: &Arc<Self>, applied: Applied<K, C, U>) {
+        Self::carry_out_at(this, applied, Closing::Here);
+    }
+
+    fn carry_out_at(this: &Arc<Self>, applied: Applied<K, C, U>, closing: Closing) {
         let Applied {
             transition,
             cancel,
@@ -282,7 +296,10 @@ where
                 units,
                 generation,
             };
-            this.runtime.spawn_closes(move || drop(closes));
+            match closing {
+                Closing::Here => drop(closes),
+                Closing::Apart => this.runtime.spawn_closes(move || drop(closes)),
+            }
         }
     }
 
@@ -316,6 +333,15 @@ where
             StartKind::Launch => self.core.report_exit(generation, exit, held),
         }
     }
+}
+
+/// Where [`Driver::carry_out_at`] runs a stop's closes.
+#[derive(Debug, Clone, Copy)]
+enum Closing {
+    /// In the current thread: a check's or run's own future, after it ended.
+    Here,
+    /// Through [`Runtime::spawn_closes`]: the caller of a command or a drop.
+    Apart,
 }
 
 /// The closes of a stop and the report that follows them, owned until done.
@@ -393,7 +419,7 @@ where
             let applied = self
                 .driver
                 .report(self.kind, self.generation, Exit::Cancelled, None);
-            Driver::carry_out(&self.driver, applied);
+            Driver::carry_out_in_run(&self.driver, applied);
         }
     }
 }
@@ -480,7 +506,7 @@ async fn run_armed<K, C, U, R>(
                 start.unit
             ));
             let applied = driver.report(start.kind, start.generation, Exit::Failed(gone), None);
-            Driver::carry_out(&driver, applied);
+            Driver::carry_out_in_run(&driver, applied);
             return;
         };
         let exit = {
@@ -529,13 +555,13 @@ async fn run_armed<K, C, U, R>(
                     let applied = driver.core.report_exit(start.generation, Exit::Ok, None);
                     close_one(&mut unit);
                     drop(unit);
-                    Driver::carry_out(&driver, applied);
+                    Driver::carry_out_in_run(&driver, applied);
                     return;
                 }
                 close_one(&mut unit);
                 drop(unit);
                 let applied = driver.core.report_exit(start.generation, Exit::Ok, None);
-                Driver::carry_out(&driver, applied);
+                Driver::carry_out_in_run(&driver, applied);
                 return;
             }
             (StartKind::Prepare, Exit::Ok) => {
@@ -566,7 +592,7 @@ async fn run_armed<K, C, U, R>(
                         // dropped while the launch is unreported.
                         guard.kind = StartKind::Launch;
                         guard.armed = true;
-                        Driver::carry_out(&driver, applied);
+                        Driver::carry_out_in_run(&driver, applied);
                         start = launch;
                         continue;
                     }
@@ -575,7 +601,7 @@ async fn run_armed<K, C, U, R>(
                         if let Some(unit) = kept {
                             driver.late_hand_back(start.unit, unit, None);
                         }
-                        Driver::carry_out(&driver, applied);
+                        Driver::carry_out_in_run(&driver, applied);
                         return;
                     }
                 }
@@ -588,11 +614,11 @@ async fn run_armed<K, C, U, R>(
                 {
                     drop(unit);
                     let applied = driver.report(kind, start.generation, exit, None);
-                    Driver::carry_out(&driver, applied);
+                    Driver::carry_out_in_run(&driver, applied);
                     return;
                 }
                 let applied = driver.report(kind, start.generation, exit, Some(unit));
-                Driver::carry_out(&driver, applied);
+                Driver::carry_out_in_run(&driver, applied);
                 return;
             }
         }
