@@ -116,8 +116,9 @@ pub trait Runtime: Send + Sync + Sized + 'static {
         let _ = stage;
     }
     /// Runs `closes` (units' `close()`, user code that may block its thread, then the
-    /// report that publishes Stopped) apart from the caller, so that a command, a drop
-    /// or a group's stop never waits for a unit's close. `closes` does its work when
+    /// report that publishes Stopped) apart from the caller of a command or a drop,
+    /// so that none of them waits for a unit's close. (The closes that follow a run's
+    /// end run in the run's own future instead: nobody waits there.) `closes` does its work when
     /// it is called or when it is dropped uncalled, so a runtime that drops it (one
     /// shutting down) still closes every unit.
     ///

@@ -209,9 +209,9 @@ impl Runtime for Tokio {
     }
 
     fn spawn_closes<F: FnOnce() + Send + 'static>(&self, closes: F) {
-        // `close()` is synchronous user code that may block its thread (a flush to a
-        // slow disk): tokio's blocking pool, never the caller's thread or an
-        // executor's. A runtime shutting down drops `closes` uncalled, which still
+        // The closes of a stop at rest, handed over by the caller of a command or a
+        // drop. `close()` is synchronous user code that may block its thread (a
+        // flush to a slow disk): tokio's blocking pool, never the caller's thread. A runtime shutting down drops `closes` uncalled, which still
         // closes the units (see `Runtime::spawn_closes`). The caller's tracing
         // dispatcher goes along (one `Arc` clone), so a subscriber set for a scope
         // (`with_default`) still sees the closes and the Stopped they lead to.

@@ -212,10 +212,11 @@ pub trait Unit<C = ()>: Send + 'static {
 
     /// Releases the unit's resources: after it completed, or when the task stops.
     ///
-    /// It may block its thread (a flush, a file sync): the closes of a stop run on
-    /// tokio's blocking pool, never in the caller of a command or of a drop, and the
-    /// stage stays Stopping until every one has returned. The close of a unit that
-    /// completed runs in its run's task, before the next unit starts.
+    /// It never runs in the caller of a command or of a drop, and the stage stays
+    /// Stopping until every close has returned. A stop of a task at rest (New,
+    /// Paused) runs the closes on tokio's blocking pool, so they may block (a flush, a
+    /// file sync); after a run (the unit completed, or a stop reached the live run)
+    /// they run in that run's task, on a runtime thread, like the run itself.
     fn close(&mut self) {}
 }
 
