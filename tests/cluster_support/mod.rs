@@ -195,101 +195,126 @@ impl EtcdCluster {
         };
         let dir = base.join(format!("taskstage-etcd-{}-{stamp}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("create the cluster's temporary directory");
-        // (client, side clients, peer) per member.
-        let ports: Vec<(u16, Vec<u16>, u16)> = (0..n)
-            .map(|_| {
-                (
-                    free_port(),
-                    (0..sides).map(|_| free_port()).collect(),
-                    free_port(),
-                )
-            })
-            .collect();
-        let initial: Vec<String> = ports
-            .iter()
-            .enumerate()
-            .map(|(i, (_, _, peer))| format!("m{i}=http://127.0.0.1:{peer}"))
-            .collect();
         let mut cluster = EtcdCluster {
             members: Vec::new(),
             firewall,
             dir: dir.clone(),
             _turn: turn,
         };
-        for (i, (client, sides, peer)) in ports.iter().enumerate() {
-            let (client, peer) = (*client, *peer);
-            let name = format!("m{i}");
-            // A user of its own per member (unique to this test binary), owning its
-            // data directory; the log is opened by `Member::spawn`.
-            let uid = partitionable.then(|| 1_000_000 + std::process::id() * 8 + i as u32);
-            let data = dir.join(&name);
-            if let Some(uid) = uid {
-                use std::os::unix::fs::PermissionsExt;
-                std::fs::create_dir(&data).expect("create a member's data directory");
-                std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o700))
-                    .expect("restrict a member's data directory");
-                std::os::unix::fs::chown(&data, Some(uid), None)
-                    .expect("give a member its data directory");
-            }
-            let mut clients = vec![format!("http://127.0.0.1:{client}")];
-            clients.extend(sides.iter().map(|side| format!("http://127.0.0.1:{side}")));
-            let clients = clients.join(",");
-            // With its data directory in place, a member started again with these
-            // arguments rejoins as itself (the initial-cluster flags are ignored).
-            let args: Vec<std::ffi::OsString> = [
-                "--name",
-                &name,
-                "--data-dir",
-                &data.to_string_lossy(),
-                "--listen-client-urls",
-                &clients,
-                "--advertise-client-urls",
-                &clients,
-                "--listen-peer-urls",
-                &format!("http://127.0.0.1:{peer}"),
-                "--initial-advertise-peer-urls",
-                &format!("http://127.0.0.1:{peer}"),
-                "--initial-cluster",
-                &initial.join(","),
-                "--initial-cluster-token",
-                &format!("taskstage-{stamp}"),
-                "--initial-cluster-state",
-                "new",
-                "--heartbeat-interval",
-                "50",
-                "--election-timeout",
-                "500",
-            ]
-            .iter()
-            .map(std::ffi::OsString::from)
-            .collect();
-            let mut member = Member {
-                log: dir.join(format!("{name}.log")),
-                name,
-                client_url: format!("http://127.0.0.1:{client}"),
-                side_ports: sides.clone(),
-                peer_port: peer,
-                uid,
-                binary: binary.clone(),
-                args,
-                child: None,
-            };
-            member.child = Some(member.spawn());
-            cluster.members.push(member);
-        }
-        // Bounded: 20 s, polling every 50 ms.
         let started = Instant::now();
-        let deadline = started + Duration::from_secs(20);
-        loop {
-            if ports.iter().all(|(client, _, _)| healthy(*client)) {
-                break;
+        let mut attempt = 0;
+        // Bounded: 3 attempts (see below).
+        'start: loop {
+            attempt += 1;
+            // (client, side clients, peer) per member.
+            let ports: Vec<(u16, Vec<u16>, u16)> = (0..n)
+                .map(|_| {
+                    (
+                        free_port(),
+                        (0..sides).map(|_| free_port()).collect(),
+                        free_port(),
+                    )
+                })
+                .collect();
+            let initial: Vec<String> = ports
+                .iter()
+                .enumerate()
+                .map(|(i, (_, _, peer))| format!("m{i}=http://127.0.0.1:{peer}"))
+                .collect();
+            for (i, (client, sides, peer)) in ports.iter().enumerate() {
+                let (client, peer) = (*client, *peer);
+                let name = format!("m{i}");
+                // A user of its own per member (unique to this test binary), owning its
+                // data directory; the log is opened by `Member::spawn`.
+                let uid = partitionable.then(|| 1_000_000 + std::process::id() * 8 + i as u32);
+                let data = dir.join(&name);
+                if let Some(uid) = uid {
+                    use std::os::unix::fs::PermissionsExt;
+                    std::fs::create_dir(&data).expect("create a member's data directory");
+                    std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o700))
+                        .expect("restrict a member's data directory");
+                    std::os::unix::fs::chown(&data, Some(uid), None)
+                        .expect("give a member its data directory");
+                }
+                let mut clients = vec![format!("http://127.0.0.1:{client}")];
+                clients.extend(sides.iter().map(|side| format!("http://127.0.0.1:{side}")));
+                let clients = clients.join(",");
+                // With its data directory in place, a member started again with these
+                // arguments rejoins as itself (the initial-cluster flags are ignored).
+                let args: Vec<std::ffi::OsString> = [
+                    "--name",
+                    &name,
+                    "--data-dir",
+                    &data.to_string_lossy(),
+                    "--listen-client-urls",
+                    &clients,
+                    "--advertise-client-urls",
+                    &clients,
+                    "--listen-peer-urls",
+                    &format!("http://127.0.0.1:{peer}"),
+                    "--initial-advertise-peer-urls",
+                    &format!("http://127.0.0.1:{peer}"),
+                    "--initial-cluster",
+                    &initial.join(","),
+                    "--initial-cluster-token",
+                    &format!("taskstage-{stamp}"),
+                    "--initial-cluster-state",
+                    "new",
+                    "--heartbeat-interval",
+                    "50",
+                    "--election-timeout",
+                    "500",
+                ]
+                .iter()
+                .map(std::ffi::OsString::from)
+                .collect();
+                let mut member = Member {
+                    log: dir.join(format!("{name}.log")),
+                    name,
+                    client_url: format!("http://127.0.0.1:{client}"),
+                    side_ports: sides.clone(),
+                    peer_port: peer,
+                    uid,
+                    binary: binary.clone(),
+                    args,
+                    child: None,
+                };
+                member.child = Some(member.spawn());
+                cluster.members.push(member);
             }
-            if Instant::now() >= deadline {
-                let logs = cluster.logs();
-                drop(cluster);
-                panic!("the etcd cluster was not healthy within 20 s; logs:\n{logs}");
+            // Bounded: 20 s, polling every 50 ms.
+            let deadline = Instant::now() + Duration::from_secs(20);
+            loop {
+                if ports.iter().all(|(client, _, _)| healthy(*client)) {
+                    break 'start;
+                }
+                // A port picked free may be taken (by any socket on the machine, an
+                // outgoing connection included) before the member binds it: the
+                // member exits at once. Start again with fresh ports, 3 times at most.
+                let exited = cluster.members.iter_mut().any(|m| {
+                    m.child
+                        .as_mut()
+                        .is_some_and(|c| matches!(c.try_wait(), Ok(Some(_))))
+                });
+                if exited && attempt < 3 && cluster.logs().contains("address already in use") {
+                    eprintln!(
+                        "etcd: a port was taken before a member bound it (attempt {attempt}); \
+                         starting again with fresh ports"
+                    );
+                    cluster.stop_all();
+                    cluster.members.clear();
+                    remove_dir(&dir);
+                    std::fs::create_dir_all(&dir)
+                        .expect("create the cluster's temporary directory");
+                    continue 'start;
+                }
+                if Instant::now() >= deadline {
+                    let logs = cluster.logs();
+                    drop(cluster);
+                    panic!("the etcd cluster was not healthy within 20 s; logs:\n{logs}");
+                }
+                std::thread::sleep(Duration::from_millis(50));
             }
-            std::thread::sleep(Duration::from_millis(50));
         }
         eprintln!(
             "etcd: {n} members healthy in {:.2} s",
