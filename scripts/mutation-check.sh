@@ -766,9 +766,11 @@ m47() {
   MUTANT="the Stopped-is-final check tests the new desired stage instead of the stored one: a stopped task can be resumed"
   SUITE="--all-features --test cluster_promises a_stopped_task_stays_stopped"
   edit src/cluster/controller.rs <<'EOF'
-        if status.desired == DesiredStage::Stopped && desired != DesiredStage::Stopped {
+        if status.desired == DesiredStage::Stopped {
+            if desired != DesiredStage::Stopped {
 @@@@
-        if desired == DesiredStage::Stopped && status.desired != DesiredStage::Stopped {
+        if desired == DesiredStage::Stopped {
+            if status.desired != DesiredStage::Stopped {
 EOF
 }
 
