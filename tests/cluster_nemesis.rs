@@ -1127,7 +1127,8 @@ fn assert_sound(verdict: &Verdict, seed: u64) {
 
 /// The control: unfenced workers under freezes and cuts, until the checker has
 /// caught an overlap and a write applied under another owner's key (or
-/// [`CONTROL_SECS`]). It must fail.
+/// [`CONTROL_SECS`]). It must fail, with a write applied under another owner's key
+/// at least.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_fencing_the_nemesis_is_caught() {
     let (seed, _) = settings(DEFAULT_SECS);
@@ -1168,11 +1169,20 @@ async fn without_fencing_the_nemesis_is_caught() {
         !verdict.passed(),
         "seed {seed}: unfenced workers passed the checker: {verdict}"
     );
+    // Without the compares every write is applied whatever its token: rule 5 breaks in
+    // every control run. Two runs alive at once (rule 1) need a drawn freeze or cut
+    // that outlasts a takeover, which a seed of short faults may not draw in 30 s; it
+    // is reported, not required (seen in a CI run: 8 short faults, 1,028 rule-5
+    // violations, no overlap).
     assert!(
-        rules[0] > 0 && rules[4] > 0,
-        "seed {seed}: expected two runs alive at once (rule 1) and a write applied under \
-         another owner's key (rule 5) within {CONTROL_SECS} s: {verdict}"
+        rules[4] > 0,
+        "seed {seed}: expected a write applied under another owner's key (rule 5) within \
+         {CONTROL_SECS} s: {verdict}"
     );
+    say(&format!(
+        "control: two runs alive at once (rule 1) {} in this run",
+        if rules[0] > 0 { "seen" } else { "not seen" }
+    ));
     assert_eq!(
         verdict.rejected, 0,
         "an unfenced write was rejected: {verdict}"
