@@ -93,10 +93,6 @@ impl Unit for Stubborn {
     }
 }
 
-fn env(name: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| panic!("the worker process needs {name}"))
-}
-
 /// The worker process: joins, runs the units the specs name, joins again whenever
 /// its lease is lost.
 #[test]
@@ -105,7 +101,7 @@ fn worker_process() {
     let Ok(id) = std::env::var(WORKER_ENV) else {
         return;
     };
-    let endpoints: Vec<String> = env("TASKSTAGE_CLI_ENDPOINTS")
+    let endpoints: Vec<String> = cluster_support::required_env("TASKSTAGE_CLI_ENDPOINTS")
         .split(',')
         .map(str::to_owned)
         .collect();

@@ -93,10 +93,6 @@ impl Unit for Probe {
     }
 }
 
-fn env(name: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| panic!("the worker process needs {name}"))
-}
-
 /// The worker process: joins, runs probes, joins again whenever its lease is lost.
 #[test]
 #[ignore = "a worker process of the fault tests; they start it with TASKSTAGE_FAULT_WORKER set"]
@@ -104,14 +100,20 @@ fn worker_process() {
     let Ok(id) = std::env::var(WORKER_ENV) else {
         return;
     };
-    let endpoints: Vec<String> = env("TASKSTAGE_FAULT_ENDPOINTS")
+    let endpoints: Vec<String> = cluster_support::required_env("TASKSTAGE_FAULT_ENDPOINTS")
         .split(',')
         .map(str::to_owned)
         .collect();
-    let dir = PathBuf::from(env("TASKSTAGE_FAULT_DIR"));
-    let unfenced = env("TASKSTAGE_FAULT_UNFENCED") == "1";
-    let capacity: usize = env("TASKSTAGE_FAULT_CAPACITY").parse().expect("a capacity");
-    let every = Duration::from_millis(env("TASKSTAGE_FAULT_WRITE_MS").parse().expect("ms"));
+    let dir = PathBuf::from(cluster_support::required_env("TASKSTAGE_FAULT_DIR"));
+    let unfenced = cluster_support::required_env("TASKSTAGE_FAULT_UNFENCED") == "1";
+    let capacity: usize = cluster_support::required_env("TASKSTAGE_FAULT_CAPACITY")
+        .parse()
+        .expect("a capacity");
+    let every = Duration::from_millis(
+        cluster_support::required_env("TASKSTAGE_FAULT_WRITE_MS")
+            .parse()
+            .expect("ms"),
+    );
     let recorder = Recorder::create(&dir, &format!("worker-{id}-{}", std::process::id()))
         .expect("create the worker's history file");
     // The test holds the other end of stdin: when it goes away, so does this.

@@ -139,10 +139,6 @@ impl Unit for Probe {
     }
 }
 
-fn env(name: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| panic!("the worker process needs {name}"))
-}
-
 /// The worker process: joins, runs probes, joins again whenever its lease is lost.
 #[test]
 #[ignore = "a worker process of the nemesis; it starts it with TASKSTAGE_NEMESIS_WORKER set"]
@@ -150,12 +146,12 @@ fn worker_process() {
     let Ok(id) = std::env::var(WORKER_ENV) else {
         return;
     };
-    let endpoints: Vec<String> = env("TASKSTAGE_NEMESIS_ENDPOINTS")
+    let endpoints: Vec<String> = cluster_support::required_env("TASKSTAGE_NEMESIS_ENDPOINTS")
         .split(',')
         .map(str::to_owned)
         .collect();
-    let dir = PathBuf::from(env("TASKSTAGE_NEMESIS_DIR"));
-    let unfenced = env("TASKSTAGE_NEMESIS_UNFENCED") == "1";
+    let dir = PathBuf::from(cluster_support::required_env("TASKSTAGE_NEMESIS_DIR"));
+    let unfenced = cluster_support::required_env("TASKSTAGE_NEMESIS_UNFENCED") == "1";
     let recorder = Recorder::create(&dir, &format!("worker-{id}-{}", std::process::id()))
         .expect("create the worker's history file");
     // The test holds the other end of stdin: when it goes away, so does this.

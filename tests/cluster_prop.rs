@@ -513,15 +513,7 @@ async fn a_hanging_store_cannot_hold_a_run_past_the_lease_deadline() {
         .join(move |spec| Ok(Task::builder(spec.task.as_str()).unit(Live(Arc::clone(&count)))))
         .await
         .expect("join");
-    let controller = Controller::new(store.clone(), "hang").expect("a controller");
-    controller
-        .create("t", Vec::new(), DesiredStage::Running)
-        .await
-        .expect("create");
-    controller
-        .resume_within("t", Duration::from_secs(10))
-        .await
-        .expect("running");
+    running_task(&store, "hang").await;
     assert_eq!(live.load(SeqCst), 1);
 
     store.set_hanging(true);
@@ -541,6 +533,21 @@ async fn a_hanging_store_cannot_hold_a_run_past_the_lease_deadline() {
     }
     store.set_hanging(false);
     worker.crash().await;
+}
+
+/// A controller under `prefix` that has created task "t" and resumed it: the call
+/// returns once a worker's run of it answered.
+async fn running_task(store: &MemoryCoordinator, prefix: &str) -> Controller {
+    let controller = Controller::new(store.clone(), prefix).expect("a controller");
+    controller
+        .create("t", Vec::new(), DesiredStage::Running)
+        .await
+        .expect("create");
+    controller
+        .resume_within("t", Duration::from_secs(10))
+        .await
+        .expect("running");
+    controller
 }
 
 /// Joins worker `id` on `store` under prefix `prefix`, running [`Live`] units that
@@ -600,15 +607,7 @@ async fn dropping_a_worker_stops_its_runs_whatever_a_caller_holds() {
         StubbornLive(Arc::clone(&count))
     })
     .await;
-    let controller = Controller::new(store.clone(), "drop").expect("a controller");
-    controller
-        .create("t", Vec::new(), DesiredStage::Running)
-        .await
-        .expect("create");
-    controller
-        .resume_within("t", Duration::from_secs(10))
-        .await
-        .expect("running");
+    let controller = running_task(&store, "drop").await;
     assert_eq!(live.load(SeqCst), 1);
     let held = w1.observer(&TaskId::new("t").expect("a valid id"));
     assert!(held.is_some(), "w1 runs the task");
@@ -685,15 +684,7 @@ async fn a_second_stop_writes_nothing_and_builds_nothing() {
         Live(Arc::clone(&count))
     })
     .await;
-    let controller = Controller::new(store.clone(), "again").expect("a controller");
-    controller
-        .create("t", Vec::new(), DesiredStage::Running)
-        .await
-        .expect("create");
-    controller
-        .resume_within("t", Duration::from_secs(10))
-        .await
-        .expect("running");
+    let controller = running_task(&store, "again").await;
     let first = controller
         .stop_within("t", Duration::from_secs(10))
         .await
