@@ -173,6 +173,19 @@ async fn claim_run_pause_resume_and_stop_across_the_cluster() {
     w2.shutdown().await.unwrap();
 }
 
+/// Waits until the latest run of `task` the probes saw start is `worker`'s, and
+/// returns the checkpoint it started from.
+async fn started_by(shared: &SharedProbes, task: &str, worker: &str) -> u64 {
+    eventually(WAIT, &format!("{worker}'s run of {task} started"), || {
+        let last = probes(shared)
+            .starts
+            .get(task)
+            .and_then(|s| s.last().cloned());
+        async move { last.filter(|(w, _)| w == worker).map(|(_, from)| from) }
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_worker_is_replaced_and_the_new_owner_resumes_from_the_checkpoint() {
     let Some(cluster) = EtcdCluster::start_or_skip(3) else {
@@ -211,13 +224,9 @@ async fn a_killed_worker_is_replaced_and_the_new_owner_resumes_from_the_checkpoi
     .await;
     eprintln!("takeover after a crash in {:?}", killed.elapsed());
     assert_eq!(status.current_observed().unwrap().stage, Stage::Running);
-    let starts = probes(&shared)
-        .starts
-        .get("copy")
-        .cloned()
-        .unwrap_or_default();
-    let (worker, from) = starts.last().cloned().unwrap();
-    assert_eq!(worker, "w2");
+    // Running is published when the run is launched; the unit records its start
+    // after its first store read (the checkpoint), so wait for that record.
+    let from = started_by(&shared, "copy", "w2").await;
     assert!(
         from >= before,
         "w2 started from {from}, below the checkpoint {before}"
@@ -239,13 +248,7 @@ async fn a_killed_worker_is_replaced_and_the_new_owner_resumes_from_the_checkpoi
     })
     .await;
     eprintln!("takeover after a clean shutdown in {:?}", left.elapsed());
-    let starts = probes(&shared)
-        .starts
-        .get("copy")
-        .cloned()
-        .unwrap_or_default();
-    let (worker, from) = starts.last().cloned().unwrap();
-    assert_eq!(worker, "w3");
+    let from = started_by(&shared, "copy", "w3").await;
     assert!(
         from >= before,
         "w3 started from {from}, below the checkpoint {before}"
