@@ -96,7 +96,7 @@ fn no_overlaps(shared: &SharedProbes) {
 }
 
 async fn checkpoint(coord: &EtcdCoordinator, task: &str) -> u64 {
-    let key = format!("{PREFIX}/tasks/{task}/checkpoint/pos");
+    let key = format!("{PREFIX}/checkpoints/{task}/pos");
     let listing = coord.list(key.clone()).await.expect("read the checkpoint");
     listing
         .get(&key)

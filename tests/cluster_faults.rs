@@ -360,7 +360,7 @@ impl Fleet {
     /// The last checkpoint number written to `task` (0 if none), or `None` if the
     /// store could not be read.
     async fn writes(&self, task: &str) -> Option<u64> {
-        let key = format!("{PREFIX}/tasks/{task}/checkpoint/pos");
+        let key = format!("{PREFIX}/checkpoints/{task}/pos");
         let listing = self.coord.list(key.clone()).await.ok()?;
         let pos = listing
             .get(&key)

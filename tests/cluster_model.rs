@@ -243,6 +243,8 @@ impl Cfg {
             fence_rejected: wk.fence_rejected,
             stopping: wk.stopping,
             capacity_left: true,
+            hand_over: false,
+            yielded: false,
         }
     }
 
@@ -487,6 +489,11 @@ impl Model for Cfg {
                     }
                     Action::Pause { revision } => {
                         wk.acted = Some(revision);
+                        if wk.local == Some(Stage::Running) {
+                            wk.local = Some(Stage::Pausing);
+                        }
+                    }
+                    Action::Yield => {
                         if wk.local == Some(Stage::Running) {
                             wk.local = Some(Stage::Pausing);
                         }

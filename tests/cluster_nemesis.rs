@@ -828,6 +828,7 @@ async fn replay(endpoints: &[String]) -> Vec<Replayed> {
         .await
         .expect("watch the prefix from revision 1");
     let tasks = format!("{PREFIX}/tasks/");
+    let checkpoints = format!("{PREFIX}/checkpoints/");
     let mut entries = Vec::new();
     let mut last = 0;
     let deadline = Instant::now() + SETUP;
@@ -849,7 +850,14 @@ async fn replay(endpoints: &[String]) -> Vec<Replayed> {
             let revision = kv.mod_revision();
             last = last.max(revision);
             let key = String::from_utf8_lossy(kv.key());
-            let Some((task, name)) = key.strip_prefix(&tasks).and_then(|r| r.split_once('/'))
+            // Task keys are `tasks/{task}/{name}`; checkpoints `checkpoints/{task}/{name}`.
+            let Some((task, name)) = key
+                .strip_prefix(&tasks)
+                .and_then(|r| r.split_once('/'))
+                .or_else(|| {
+                    let (task, name) = key.strip_prefix(&checkpoints)?.split_once('/')?;
+                    (name == "pos").then_some((task, "checkpoint/pos"))
+                })
             else {
                 continue;
             };

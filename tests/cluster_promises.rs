@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use taskstage::cluster::{
     BoxFuture, ClusterError, Controller, Coordinator, DesiredStage, Grant, KeepAlive, Listing,
-    MemoryCoordinator, Op, Txn, TxnResult, Worker,
+    MemoryCoordinator, Op, Txn, TxnResult, WatchStream, Worker,
 };
 use taskstage::{RunContext, RunError, RunExit, Stage, Task, Unit};
 use tokio::time::Instant;
@@ -151,6 +151,10 @@ impl Coordinator for Racing {
             }
             self.store.txn(txn).await
         })
+    }
+
+    fn watch(&self, prefix: String, from: i64) -> BoxFuture<'_, Result<WatchStream, ClusterError>> {
+        self.store.watch(prefix, from)
     }
 
     fn wait_change(

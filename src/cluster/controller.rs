@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::coord::{Compare, Coordinator, Listing, Op, Txn};
+use super::coord::{
+    next_message, Compare, Coordinator, KeyValue, Listing, Op, Txn, WatchEvent, WatchMessage,
+};
 use super::error::ClusterError;
 use super::fence::within;
 use super::keys::{parse_owner_value, DesiredStage, Keys, ObservedStatus, TaskId, WorkerId};
@@ -171,16 +173,21 @@ impl Controller {
         task: &str,
         desired: DesiredStage,
     ) -> Result<i64, ClusterError> {
-        self.set(task, desired, "set desired").await
+        let task = TaskId::new(task)?;
+        self.set(&task, desired, "set desired")
+            .await
+            .map(|(revision, _)| revision)
     }
 
+    /// Writes the desired stage, compared with the one just read; returns the
+    /// desired revision to wait for and the status read before the write.
     async fn set(
         &self,
-        task: &str,
+        task: &TaskId,
         desired: DesiredStage,
         command: &'static str,
-    ) -> Result<i64, ClusterError> {
-        let task = TaskId::new(task)?;
+    ) -> Result<(i64, TaskStatus), ClusterError> {
+        let task = task.clone();
         let status = self.status_of(&task).await?;
         if status.desired == DesiredStage::Stopped {
             if desired != DesiredStage::Stopped {
@@ -190,7 +197,7 @@ impl Controller {
             // task's terminal report does not answer, and a worker would claim and
             // rebuild the released task only to answer it. The first stop's revision
             // is the one to wait for.
-            return Ok(status.desired_revision);
+            return Ok((status.desired_revision, status));
         }
         let key = self.keys.desired(&task);
         let txn = Txn {
@@ -203,7 +210,7 @@ impl Controller {
         };
         let result = within(self.op_timeout, "set desired", self.coord.txn(txn)).await?;
         if result.succeeded {
-            Ok(result.revision)
+            Ok((result.revision, status))
         } else {
             Err(ClusterError::Conflict { command, task })
         }
@@ -319,9 +326,9 @@ impl Controller {
     ) -> Result<ObservedStatus, ClusterError> {
         let started = Instant::now();
         let deadline = started + timeout;
-        let revision = self.set(task, desired, command).await?;
         let task = TaskId::new(task)?;
-        self.wait_answer(&task, revision, command, started, deadline)
+        let (revision, before) = self.set(&task, desired, command).await?;
+        self.wait_answer(before, revision, command, started, deadline)
             .await
     }
 
@@ -342,54 +349,130 @@ impl Controller {
     ) -> Result<ObservedStatus, ClusterError> {
         let task = TaskId::new(task)?;
         let started = Instant::now();
-        self.wait_answer(&task, revision, "wait", started, started + timeout)
+        let status = self.status_of(&task).await?;
+        self.wait_answer(status, revision, "wait", started, started + timeout)
             .await
     }
 
+    /// Follows the task from `status` (read at `status.revision`) by a watch of its
+    /// keys: every change is applied to the status as the watch delivers it, with no
+    /// read per change, until the status answers `revision`. A lost watch falls back
+    /// to reading the status again.
     async fn wait_answer(
         &self,
-        task: &TaskId,
+        mut status: TaskStatus,
         revision: i64,
         command: &'static str,
         started: Instant,
         deadline: Instant,
     ) -> Result<ObservedStatus, ClusterError> {
-        // Bounded: every turn waits at most `poll`, and the loop ends at `deadline`.
-        let mut last: Option<TaskStatus> = None;
+        let task = status.task.clone();
+        // Bounded: every turn waits at most until `deadline`, and a lost watch is
+        // opened again at most once per `poll`.
         loop {
-            match self.status_of(task).await {
-                Ok(status) => {
-                    if status.answers(revision) {
-                        if let Some(observed) = status.current_observed() {
-                            return Ok(observed.clone());
-                        }
-                    }
-                    last = Some(status);
+            if status.answers(revision) {
+                if let Some(observed) = status.current_observed() {
+                    return Ok(observed.clone());
                 }
-                Err(error @ ClusterError::Unreachable { .. }) => {
-                    tracing::debug!(%task, %error, "status read failed; retrying");
-                }
-                Err(error) => return Err(error),
             }
             let now = Instant::now();
             if now >= deadline {
                 return Err(ClusterError::Timeout {
                     command,
                     task: task.clone(),
-                    owner: last.as_ref().and_then(|s| s.owner.clone()),
-                    stage: last
-                        .as_ref()
-                        .and_then(|s| s.current_observed().map(|o| o.stage)),
+                    owner: status.owner.clone(),
+                    stage: status.current_observed().map(|o| o.stage),
                     waited: now - started,
                 });
             }
-            let after = last.as_ref().map_or(0, |s| s.revision);
-            let wait = self.poll.min(deadline - now);
-            let _ = self
-                .coord
-                .wait_change(self.keys.task_dir(task), after, wait)
-                .await;
+            let dir = self.keys.task_dir(&task);
+            let opened = tokio::time::timeout_at(
+                deadline,
+                within(
+                    self.op_timeout,
+                    "watch task",
+                    self.coord.watch(dir, status.revision + 1),
+                ),
+            )
+            .await;
+            let mut stream = match opened {
+                Ok(Ok(stream)) => stream,
+                Err(_) => continue, // the deadline: answered above
+                Ok(Err(error)) => {
+                    tracing::debug!(%task, %error, "watch failed; reading again");
+                    tokio::time::sleep(self.poll.min(deadline - Instant::now())).await;
+                    status = self.reread(&task, status).await?;
+                    continue;
+                }
+            };
+            // Bounded by the deadline: each message is applied or ends the watch.
+            loop {
+                let message =
+                    match tokio::time::timeout_at(deadline, next_message(&mut stream)).await {
+                        Ok(message) => message,
+                        Err(_) => break,
+                    };
+                match message {
+                    Some(Ok(WatchMessage::Events {
+                        revision: head,
+                        events,
+                    })) => {
+                        for event in &events {
+                            self.apply(&mut status, event)?;
+                        }
+                        status.revision = status.revision.max(head);
+                        if status.answers(revision) {
+                            break;
+                        }
+                    }
+                    Some(Ok(WatchMessage::Compacted { .. })) | Some(Err(_)) | None => {
+                        status = self.reread(&task, status).await?;
+                        break;
+                    }
+                }
+            }
         }
+    }
+
+    /// The status read again after a lost watch; the last one known while the store
+    /// cannot be read.
+    async fn reread(&self, task: &TaskId, last: TaskStatus) -> Result<TaskStatus, ClusterError> {
+        match self.status_of(task).await {
+            Ok(status) => Ok(status),
+            Err(error @ ClusterError::Unreachable { .. }) => {
+                tracing::debug!(%task, %error, "status read failed; retrying");
+                Ok(last)
+            }
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Applies one watched change of the task's keys to `status`.
+    fn apply(&self, status: &mut TaskStatus, event: &WatchEvent) -> Result<(), ClusterError> {
+        let task = &status.task;
+        let kv = match event {
+            WatchEvent::Put(kv) => Some(kv),
+            WatchEvent::Delete { .. } => None,
+        };
+        let key = event.key();
+        if key == self.keys.desired(task) {
+            let Some(kv) = kv else {
+                return Err(ClusterError::NoSuchTask { task: task.clone() });
+            };
+            status.desired = decode_desired(key, kv)?;
+            status.desired_revision = kv.mod_revision;
+        } else if key == self.keys.owner(task) {
+            let owner = kv.map(|kv| decode_owner(key, kv)).transpose()?;
+            status.owner = owner.as_ref().map(|(w, _, _)| w.clone());
+            status.owner_revision = owner.as_ref().map(|(_, r, _)| *r);
+            status.owner_lease = owner.map(|(_, _, l)| l);
+        } else if key == self.keys.observed(task) {
+            status.observed = kv
+                .map(|kv| ObservedStatus::decode(key, &kv.value))
+                .transpose()?;
+        }
+        status.revision = status.revision.max(event.revision());
+        Ok(())
     }
 
     /// The task's desired stage, owner and observed status, read at one revision.
@@ -423,25 +506,12 @@ impl Controller {
         let Some(desired_kv) = listing.get(&desired_key) else {
             return Err(ClusterError::NoSuchTask { task: task.clone() });
         };
-        let text = String::from_utf8_lossy(&desired_kv.value);
-        let desired = text
-            .parse::<DesiredStage>()
-            .map_err(|_| ClusterError::UnknownDesired {
-                key: desired_key.clone(),
-                value: text.into_owned(),
-            })?;
+        let desired = decode_desired(&desired_key, desired_kv)?;
         let owner_key = self.keys.owner(task);
-        let owner = match listing.get(&owner_key) {
-            Some(kv) => {
-                let (worker, lease) =
-                    parse_owner_value(&kv.value).ok_or_else(|| ClusterError::Corrupt {
-                        key: owner_key.clone(),
-                        reason: "not worker@lease".into(),
-                    })?;
-                Some((worker, kv.create_revision, lease))
-            }
-            None => None,
-        };
+        let owner = listing
+            .get(&owner_key)
+            .map(|kv| decode_owner(&owner_key, kv))
+            .transpose()?;
         let observed_key = self.keys.observed(task);
         let observed = match listing.get(&observed_key) {
             Some(kv) => Some(ObservedStatus::decode(&observed_key, &kv.value)?),
@@ -521,7 +591,13 @@ impl Controller {
         if listing.get(&self.keys.desired(&task)).is_none() {
             return Err(ClusterError::NoSuchTask { task });
         }
-        let prefix = self.keys.checkpoint(&task, "");
+        let prefix = self.keys.checkpoints(&task);
+        let listing = within(
+            self.op_timeout,
+            "read checkpoints",
+            self.coord.list(prefix.clone()),
+        )
+        .await?;
         Ok(listing
             .kvs
             .iter()
@@ -595,6 +671,23 @@ impl Controller {
             last: None,
         })
     }
+}
+
+fn decode_desired(key: &str, kv: &KeyValue) -> Result<DesiredStage, ClusterError> {
+    let text = String::from_utf8_lossy(&kv.value);
+    text.parse::<DesiredStage>()
+        .map_err(|_| ClusterError::UnknownDesired {
+            key: key.to_owned(),
+            value: text.into_owned(),
+        })
+}
+
+fn decode_owner(key: &str, kv: &KeyValue) -> Result<(WorkerId, i64, i64), ClusterError> {
+    let (worker, lease) = parse_owner_value(&kv.value).ok_or_else(|| ClusterError::Corrupt {
+        key: key.to_owned(),
+        reason: "not worker@lease".into(),
+    })?;
+    Ok((worker, kv.create_revision, lease))
 }
 
 /// A watch of one task's observed changes; made by [`Controller::watch`].

@@ -1,14 +1,18 @@
 //! The seam between the worker/controller logic and the store that carries it out.
 //!
 //! [`Coordinator`] is the small part of etcd's API the protocol needs: leases,
-//! a prefix read at one revision, a transaction of compares and writes, and a bounded
-//! wait for a change. [`EtcdCoordinator`](super::EtcdCoordinator) implements it on a
+//! a prefix read at one revision, a transaction of compares and writes, a watch of a
+//! prefix resumable from a revision, and a bounded wait for a change. [`EtcdCoordinator`](super::EtcdCoordinator) implements it on a
 //! real etcd; [`MemoryCoordinator`](super::MemoryCoordinator) implements it in memory
 //! (with fault injection) so that the same worker code can be property-tested.
 
 use std::future::Future;
 use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
+
+use futures_core::Stream;
+use tokio::sync::mpsc;
 
 use super::error::ClusterError;
 
@@ -119,6 +123,108 @@ pub enum KeepAlive {
     Expired,
 }
 
+/// One change of one key, as a watch reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WatchEvent {
+    /// The key was written: its value and revisions after the write.
+    Put(KeyValue),
+    /// The key was deleted (by a write or by its lease's end) at `revision`.
+    Delete {
+        /// The key.
+        key: String,
+        /// The revision of the deletion.
+        revision: i64,
+    },
+}
+
+impl WatchEvent {
+    /// The key the event is about.
+    pub fn key(&self) -> &str {
+        match self {
+            WatchEvent::Put(kv) => &kv.key,
+            WatchEvent::Delete { key, .. } => key,
+        }
+    }
+
+    /// The revision of the change.
+    pub fn revision(&self) -> i64 {
+        match self {
+            WatchEvent::Put(kv) => kv.mod_revision,
+            WatchEvent::Delete { revision, .. } => *revision,
+        }
+    }
+}
+
+/// One message of a [`WatchStream`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WatchMessage {
+    /// Changes in revision order, and the store's revision when they were sent:
+    /// every change up to `revision` under the watched prefix has been delivered.
+    /// A progress notice carries no events.
+    Events {
+        /// The store's revision at the time of the message.
+        revision: i64,
+        /// The changes, oldest first.
+        events: Vec<WatchEvent>,
+    },
+    /// The store no longer holds the history the watch needs (it was compacted up
+    /// to `revision`): the watch has ended, and the watcher must read the prefix
+    /// again and watch from that read's revision.
+    Compacted {
+        /// The store's compaction revision.
+        revision: i64,
+    },
+}
+
+/// The changes under a prefix, from a revision on; made by [`Coordinator::watch`].
+///
+/// A stream that ends, or yields an error, has lost the watch: the watcher reads
+/// the prefix again and watches from there (a lost watch may delay what the
+/// watcher learns, never hide it). Dropping it cancels the watch.
+pub type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchMessage, ClusterError>> + Send>>;
+
+/// The receiving end of a channel as a [`WatchStream`]: what this crate's
+/// coordinators return, and a way for other implementations to feed a watch from
+/// a task of their own.
+///
+/// # Examples
+///
+/// ```
+/// use taskstage::cluster::{watch_channel, WatchMessage};
+///
+/// let (sender, stream) = watch_channel(8);
+/// sender
+///     .try_send(Ok(WatchMessage::Compacted { revision: 7 }))
+///     .expect("room in the channel");
+/// # drop(stream);
+/// ```
+pub fn watch_channel(
+    capacity: usize,
+) -> (
+    mpsc::Sender<Result<WatchMessage, ClusterError>>,
+    WatchStream,
+) {
+    let (tx, rx) = mpsc::channel(capacity.max(1));
+    (tx, Box::pin(ChannelStream(rx)))
+}
+
+struct ChannelStream(mpsc::Receiver<Result<WatchMessage, ClusterError>>);
+
+impl Stream for ChannelStream {
+    type Item = Result<WatchMessage, ClusterError>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.0.poll_recv(cx)
+    }
+}
+
+/// The next message of a watch stream (`None`: the stream ended).
+pub(crate) async fn next_message(
+    stream: &mut WatchStream,
+) -> Option<Result<WatchMessage, ClusterError>> {
+    std::future::poll_fn(|cx| stream.as_mut().poll_next(cx)).await
+}
+
 /// The store operations the cluster protocol is built on.
 ///
 /// Implementations must be linearizable like etcd: every read and transaction is
@@ -140,6 +246,16 @@ pub trait Coordinator: Send + Sync + 'static {
 
     /// Applies a transaction.
     fn txn(&self, txn: Txn) -> BoxFuture<'_, Result<TxnResult, ClusterError>>;
+
+    /// Watches every key under `prefix`, from revision `from` on (changes at `from`
+    /// included): the changes already made since `from` come first, then each new
+    /// one, in revision order. When `from` is older than the history the store keeps,
+    /// the stream yields [`WatchMessage::Compacted`] and ends. The watch is not
+    /// bounded in time: the stream ends (or yields an error) when it is lost.
+    ///
+    /// Answers in bounded time: opening a watch that cannot reach the store returns
+    /// [`ClusterError::Unreachable`].
+    fn watch(&self, prefix: String, from: i64) -> BoxFuture<'_, Result<WatchStream, ClusterError>>;
 
     /// Returns once some key under `prefix` changed after revision `after`, or when
     /// `timeout` has passed, whichever is first. A spurious early return is allowed

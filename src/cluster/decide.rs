@@ -28,6 +28,10 @@
 //! 5. **No stuck owner.** A local task that a fence stopped while the key stayed
 //!    this worker's is dropped and built again, not kept Stopped under a desired
 //!    stage that asks for more (the stateright model found this one).
+//! 6. **A hand-over is a pause, then a release.** A task handed over to another
+//!    worker (fair shares) is paused locally until its run has really returned,
+//!    that is published, and only then is the owner key released; a task whose
+//!    run failed is not handed over (its failure is the answer, invariant 4).
 
 use crate::stage::Stage;
 
@@ -97,6 +101,12 @@ pub struct TaskView {
     pub stopping: bool,
     /// Whether the worker has room for one more task.
     pub capacity_left: bool,
+    /// Whether the worker hands this task over to another (it holds more than its
+    /// fair share): pause, publish, release (invariant 6).
+    pub hand_over: bool,
+    /// Whether the local task was paused for a hand-over since its last resume: if
+    /// the hand-over is given up, it is resumed again for the same revision.
+    pub yielded: bool,
 }
 
 /// What the worker does about a task.
@@ -116,6 +126,8 @@ pub enum Action {
         /// The desired revision acted upon.
         revision: i64,
     },
+    /// Pause the local task to hand it over (the desired stage is still Running).
+    Yield,
     /// Stop the local task (desired Stopped).
     Stop,
     /// Stop the local task, escalating to abort, because the worker may no longer
@@ -187,16 +199,25 @@ pub fn decide(view: &TaskView) -> Option<Action> {
     }
 
     let (desired, revision) = view.desired?;
+    // Invariant 6: a task to be stopped, or whose run failed, is not handed over.
+    let handing_over = view.hand_over && desired != DesiredStage::Stopped && !local.failed;
     if local.stage == Stage::Stopped && desired != DesiredStage::Stopped {
         // Stopped by a fence, and the lease came back: a stopped task cannot run
         // again, so forget it; the next step builds it anew (invariant 5).
         return Some(Action::Drop);
     }
     let command = match desired {
+        DesiredStage::Running if handing_over => match local.stage {
+            Stage::Running | Stage::Resuming => Some(Action::Yield),
+            _ => None,
+        },
         DesiredStage::Running => match local.stage {
             Stage::New => Some(Action::Resume { revision }),
-            // Invariant 4: a failure for this revision is reported, not retried.
-            Stage::Paused if view.acted != Some(revision) => Some(Action::Resume { revision }),
+            // Invariant 4: a failure for this revision is reported, not retried; a
+            // pause for a hand-over given up is resumed.
+            Stage::Paused if view.acted != Some(revision) || (view.yielded && !local.failed) => {
+                Some(Action::Resume { revision })
+            }
             _ => None,
         },
         DesiredStage::Paused => match local.stage {
@@ -223,6 +244,10 @@ pub fn decide(view: &TaskView) -> Option<Action> {
     if local.stage.is_terminal() && desired.answered_by(local.stage, local.failed) {
         return Some(Action::Release);
     }
+    // Invariant 6: released only once no run is alive and that is published.
+    if handing_over && matches!(local.stage, Stage::New | Stage::Paused) {
+        return Some(Action::Release);
+    }
     None
 }
 
@@ -247,6 +272,8 @@ mod tests {
             fence_rejected: false,
             stopping: false,
             capacity_left: true,
+            hand_over: false,
+            yielded: false,
         }
     }
 

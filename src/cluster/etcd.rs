@@ -5,12 +5,13 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use etcd_client::{
-    Client, Compare as EtcdCompare, CompareOp, ConnectOptions, GetOptions, PutOptions,
+    Client, Compare as EtcdCompare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions,
     Txn as EtcdTxn, TxnOp, WatchOptions,
 };
 
 use super::coord::{
-    BoxFuture, Compare, Coordinator, Grant, KeepAlive, KeyValue, Listing, Op, Txn, TxnResult,
+    watch_channel, BoxFuture, Compare, Coordinator, Grant, KeepAlive, KeyValue, Listing, Op, Txn,
+    TxnResult, WatchEvent, WatchMessage, WatchStream,
 };
 use super::error::ClusterError;
 
@@ -297,6 +298,130 @@ impl Drop for Attempt<'_> {
     }
 }
 
+/// The most keys one page of a listing asks for.
+const LIST_PAGE: i64 = 2_000;
+
+/// How many watch messages may wait for the watcher.
+const WATCH_BUFFER: usize = 64;
+
+/// How often a quiet watch asks its member for a progress notice; a member that
+/// sends nothing for two periods has lost the watch.
+const WATCH_PROGRESS_EVERY: Duration = Duration::from_secs(2);
+
+/// The first key after every key that starts with `prefix` (etcd's range end).
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0] // every key
+}
+
+fn convert_kv(kv: &etcd_client::KeyValue) -> Result<KeyValue, ClusterError> {
+    let key = kv.key_str().map_err(|e| ClusterError::Corrupt {
+        key: String::from_utf8_lossy(kv.key()).into_owned(),
+        reason: e.to_string(),
+    })?;
+    Ok(KeyValue {
+        key: key.to_owned(),
+        value: kv.value().to_vec(),
+        create_revision: kv.create_revision(),
+        mod_revision: kv.mod_revision(),
+        lease: kv.lease(),
+    })
+}
+
+/// Forwards one etcd watch to its [`WatchStream`] until either end goes away.
+///
+/// Bounded by both ends: it returns when the watcher drops the stream, when the
+/// member ends or cancels the watch, or when the member is silent for two progress
+/// periods (a hung member: the watcher then reads again, and the coordinator has
+/// moved on to the next member).
+async fn forward_watch(
+    coordinator: EtcdCoordinator,
+    index: usize,
+    stream: etcd_client::WatchStream,
+    tx: tokio::sync::mpsc::Sender<Result<WatchMessage, ClusterError>>,
+) {
+    let (mut requests, mut responses) = stream.split();
+    let mut ticker = tokio::time::interval(WATCH_PROGRESS_EVERY);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut heard = true;
+    let lost = |detail: String| {
+        Err(ClusterError::Unreachable {
+            op: "watch",
+            detail,
+        })
+    };
+    loop {
+        tokio::select! {
+            _ = tx.closed() => return,
+            _ = ticker.tick() => {
+                if !heard {
+                    coordinator.failed(index);
+                    let _ = tx.send(lost(format!(
+                        "{}: no watch progress within {:?}",
+                        coordinator.inner.endpoints[index],
+                        WATCH_PROGRESS_EVERY * 2
+                    ))).await;
+                    return;
+                }
+                heard = false;
+                if let Err(error) = requests.request_progress().await {
+                    let _ = tx.send(lost(error.to_string())).await;
+                    return;
+                }
+            }
+            message = responses.message() => {
+                heard = true;
+                let response = match message {
+                    Ok(Some(response)) => response,
+                    Ok(None) => return,
+                    Err(error) => {
+                        let _ = tx.send(lost(error.to_string())).await;
+                        return;
+                    }
+                };
+                if response.compact_revision() > 0 {
+                    let revision = response.compact_revision();
+                    let _ = tx.send(Ok(WatchMessage::Compacted { revision })).await;
+                    return;
+                }
+                if response.canceled() {
+                    let reason = response.cancel_reason().to_owned();
+                    let _ = tx.send(lost(format!("cancelled: {reason}"))).await;
+                    return;
+                }
+                let revision = response.header().map_or(0, |h| h.revision());
+                let mut events = Vec::with_capacity(response.events().len());
+                for event in response.events() {
+                    let Some(kv) = event.kv() else { continue };
+                    let converted = match convert_kv(kv) {
+                        Ok(kv) => kv,
+                        Err(error) => {
+                            let _ = tx.send(Err(error)).await;
+                            return;
+                        }
+                    };
+                    events.push(match event.event_type() {
+                        EventType::Put => WatchEvent::Put(converted),
+                        EventType::Delete => WatchEvent::Delete {
+                            key: converted.key,
+                            revision: kv.mod_revision(),
+                        },
+                    });
+                }
+                if tx.send(Ok(WatchMessage::Events { revision, events })).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
 fn convert_txn(txn: Txn) -> EtcdTxn {
     let compares: Vec<EtcdCompare> = txn
         .when
@@ -394,28 +519,61 @@ impl Coordinator for EtcdCoordinator {
 
     fn list(&self, prefix: String) -> BoxFuture<'_, Result<Listing, ClusterError>> {
         Box::pin(async move {
-            let response = self
-                .call("list", |mut c| {
-                    let prefix = prefix.clone();
-                    async move { c.get(prefix, Some(GetOptions::new().with_prefix())).await }
-                })
-                .await?;
-            let revision = response.header().map_or(0, |h| h.revision());
-            let mut kvs = Vec::with_capacity(response.kvs().len());
-            for kv in response.kvs() {
-                let key = kv.key_str().map_err(|e| ClusterError::Corrupt {
-                    key: String::from_utf8_lossy(kv.key()).into_owned(),
-                    reason: e.to_string(),
-                })?;
-                kvs.push(KeyValue {
-                    key: key.to_owned(),
-                    value: kv.value().to_vec(),
-                    create_revision: kv.create_revision(),
-                    mod_revision: kv.mod_revision(),
-                    lease: kv.lease(),
-                });
+            // Paged: at most LIST_PAGE keys a request, every page read at the first
+            // page's revision, so the listing is one consistent read however large.
+            let end = prefix_end(prefix.as_bytes());
+            let mut from = prefix.clone().into_bytes();
+            let mut revision = 0;
+            let mut kvs = Vec::new();
+            // Bounded: each page moves `from` past the last key read.
+            loop {
+                let mut options = GetOptions::new()
+                    .with_range(end.clone())
+                    .with_limit(LIST_PAGE);
+                if revision > 0 {
+                    options = options.with_revision(revision);
+                }
+                let response = self
+                    .call("list", |mut c| {
+                        let (from, options) = (from.clone(), options.clone());
+                        async move { c.get(from, Some(options)).await }
+                    })
+                    .await?;
+                if revision == 0 {
+                    revision = response.header().map_or(0, |h| h.revision());
+                }
+                for kv in response.kvs() {
+                    kvs.push(convert_kv(kv)?);
+                }
+                match response.kvs().last() {
+                    Some(last) if response.more() => {
+                        from = last.key().to_vec();
+                        from.push(0);
+                    }
+                    _ => break,
+                }
             }
             Ok(Listing { revision, kvs })
+        })
+    }
+
+    fn watch(&self, prefix: String, from: i64) -> BoxFuture<'_, Result<WatchStream, ClusterError>> {
+        Box::pin(async move {
+            let options = WatchOptions::new()
+                .with_prefix()
+                .with_start_revision(from.max(1));
+            let stream = self
+                .call("watch", |mut c| {
+                    let prefix = prefix.clone();
+                    let options = options.clone();
+                    async move { c.watch(prefix, Some(options)).await }
+                })
+                .await?;
+            // The member the call succeeded on (moved on only after a failure).
+            let index = self.lock().index;
+            let (tx, rx) = watch_channel(WATCH_BUFFER);
+            tokio::spawn(forward_watch(self.clone(), index, stream, tx));
+            Ok(rx)
         })
     }
 

@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::Notify;
+use tokio::sync::mpsc;
 
 use super::coord::{Compare, Coordinator, Op, Txn};
 use super::error::ClusterError;
@@ -40,6 +40,9 @@ impl FenceToken {
     }
 }
 
+/// Tells the worker that one task needs a decision again.
+pub(crate) type Wake = mpsc::UnboundedSender<TaskId>;
+
 /// Fenced writes for one task's owner, handed to the units it builds.
 ///
 /// Cheap to clone. A rejected write returns [`ClusterError::Fenced`] and tells the
@@ -50,7 +53,7 @@ pub struct Fencer {
     keys: Keys,
     token: FenceToken,
     rejected: Arc<AtomicBool>,
-    wake: Arc<Notify>,
+    wake: Wake,
     timeout: Duration,
     /// Test-only: writes without the compares (`WorkerBuilder::unfenced_for_tests`).
     unfenced: bool,
@@ -70,7 +73,7 @@ impl Fencer {
         coord: Arc<dyn Coordinator>,
         keys: Keys,
         token: FenceToken,
-        wake: Arc<Notify>,
+        wake: Wake,
         timeout: Duration,
         unfenced: bool,
     ) -> Self {
@@ -93,13 +96,14 @@ impl Fencer {
     /// Whether a write with this token was rejected (the owner was deposed).
     pub fn is_rejected(&self) -> bool {
         // Relaxed: a flag read by the worker's loop after it is woken; the wake-up
-        // (a Notify) orders it.
+        // (a channel message) orders it.
         self.rejected.load(Ordering::Relaxed)
     }
 
     pub(crate) fn mark_rejected(&self) {
         self.rejected.store(true, Ordering::Relaxed);
-        self.wake.notify_one();
+        // A worker that has ended no longer listens: nothing is left to stop.
+        let _ = self.wake.send(self.token.task.clone());
     }
 
     /// Writes `value` to the task's checkpoint `name` (a key component, no `/`),
@@ -125,6 +129,7 @@ impl Fencer {
             lease: None,
         }])
         .await
+        .map(|_| ())
     }
 
     /// Reads the task's checkpoint `name` (not fenced: any worker may read it).
@@ -147,8 +152,9 @@ impl Fencer {
         Ok(listing.get(&key).map(|kv| kv.value.clone()))
     }
 
-    /// Applies `ops` only if the token still owns the task.
-    pub(crate) async fn fenced(&self, ops: Vec<Op>) -> Result<(), ClusterError> {
+    /// Applies `ops` only if the token still owns the task; returns the revision
+    /// of the write.
+    pub(crate) async fn fenced(&self, ops: Vec<Op>) -> Result<i64, ClusterError> {
         let when = if self.unfenced {
             Vec::new()
         } else {
@@ -157,7 +163,7 @@ impl Fencer {
         let txn = Txn { when, then: ops };
         let result = within(self.timeout, "fenced write", self.coord.txn(txn)).await?;
         if result.succeeded {
-            Ok(())
+            Ok(result.revision)
         } else {
             self.mark_rejected();
             Err(ClusterError::Fenced {
@@ -211,7 +217,7 @@ mod tests {
             Arc::new(store.clone()),
             keys.clone(),
             token,
-            Arc::new(Notify::new()),
+            mpsc::unbounded_channel().0,
             Duration::from_secs(5),
             false,
         )

@@ -5,9 +5,12 @@
 //! {prefix}/tasks/{task}/desired               Running | Paused | Stopped (controller)
 //! {prefix}/tasks/{task}/owner                 "{worker}@{lease hex}", under the owner's lease
 //! {prefix}/tasks/{task}/observed              the owner's status report (fenced)
-//! {prefix}/tasks/{task}/checkpoint/{name}     unit checkpoints (fenced)
+//! {prefix}/checkpoints/{task}/{name}          unit checkpoints (fenced)
 //! {prefix}/workers/{worker}@{lease hex}       membership of one incarnation, under its lease
 //! ```
+//!
+//! Workers watch `tasks/` and `workers/`; checkpoints live outside both, so a
+//! unit's write wakes no worker.
 //!
 //! A worker id may have two live incarnations at once (one frozen past its lease
 //! that came back, beside a fresh start under the same id): each is a member under a
@@ -328,7 +331,6 @@ pub(crate) enum TaskKey {
     Desired,
     Owner,
     Observed,
-    Checkpoint,
 }
 
 impl Keys {
@@ -373,8 +375,13 @@ impl Keys {
         format!("{}observed", self.task_dir(task))
     }
 
+    /// The directory of a task's checkpoints, outside the watched `tasks/`.
+    pub(crate) fn checkpoints(&self, task: &TaskId) -> String {
+        format!("{}/checkpoints/{}/", self.prefix, task)
+    }
+
     pub(crate) fn checkpoint(&self, task: &TaskId, name: &str) -> String {
-        format!("{}checkpoint/{}", self.task_dir(task), name)
+        format!("{}{}", self.checkpoints(task), name)
     }
 
     pub(crate) fn workers(&self) -> String {
@@ -401,7 +408,6 @@ impl Keys {
             "desired" => TaskKey::Desired,
             "owner" => TaskKey::Owner,
             "observed" => TaskKey::Observed,
-            n if n.starts_with("checkpoint/") => TaskKey::Checkpoint,
             _ => return None,
         };
         Some((task, kind))
@@ -512,10 +518,7 @@ mod tests {
             keys.parse_task_key(&keys.owner(&t)),
             Some((t.clone(), TaskKey::Owner))
         );
-        assert_eq!(
-            keys.parse_task_key(&keys.checkpoint(&t, "pos")),
-            Some((t, TaskKey::Checkpoint))
-        );
+        assert_eq!(keys.parse_task_key(&keys.checkpoint(&t, "pos")), None);
         assert!(Keys::new("/").is_err());
     }
 
@@ -578,11 +581,6 @@ mod tests {
                 "app/tasks/t1/observed",
                 TaskKey::Observed,
             ),
-            (
-                keys.checkpoint(&t, "pos"),
-                "app/tasks/t1/checkpoint/pos",
-                TaskKey::Checkpoint,
-            ),
         ];
         for (key, documented, kind) in layout {
             assert_eq!(key, documented);
@@ -590,9 +588,13 @@ mod tests {
         }
         assert_eq!(keys.tasks(), "app/tasks/");
         assert_eq!(keys.task_dir(&t), "app/tasks/t1/");
+        // Checkpoints live outside the watched tasks/ directory.
+        assert_eq!(keys.checkpoint(&t, "pos"), "app/checkpoints/t1/pos");
+        assert_eq!(keys.checkpoints(&t), "app/checkpoints/t1/");
         for other in [
             "app/tasks/t1/lease",
-            "app/tasks/t1/checkpoints",
+            "app/tasks/t1/checkpoint/pos",
+            "app/checkpoints/t1/pos",
             "app/tasks/t1",
         ] {
             assert_eq!(keys.parse_task_key(other), None, "{other}");

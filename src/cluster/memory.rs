@@ -1,6 +1,6 @@
 //! An in-memory [`Coordinator`] with etcd's semantics and injectable faults.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -8,7 +8,8 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::coord::{
-    BoxFuture, Compare, Coordinator, Grant, KeepAlive, KeyValue, Listing, Op, Txn, TxnResult,
+    watch_channel, BoxFuture, Compare, Coordinator, Grant, KeepAlive, KeyValue, Listing, Op, Txn,
+    TxnResult, WatchEvent, WatchMessage, WatchStream,
 };
 use super::error::ClusterError;
 
@@ -21,7 +22,8 @@ use super::error::ClusterError;
 /// come together. It serves the property tests of the
 /// worker, and users' own tests; faults can be injected: an unreachable store, a
 /// store that answers nothing (every call hangs), keep-alives that fail, a lease that
-/// expires early.
+/// expires early; and, for watches, a compaction, a cut watch (the watcher must
+/// read again), delayed and duplicated deliveries.
 ///
 /// # Examples
 ///
@@ -48,7 +50,12 @@ struct Shared {
     revision: watch::Sender<i64>,
     /// While true, every call waits (a store that answers nothing).
     hanging: watch::Sender<bool>,
+    /// Moved to end every open watch (a lost watch).
+    cuts: watch::Sender<u64>,
 }
+
+/// How many changes the store keeps for watches; older ones are compacted away.
+const HISTORY: usize = 100_000;
 
 #[derive(Debug, Default)]
 struct State {
@@ -58,6 +65,14 @@ struct State {
     next_lease: i64,
     unreachable: bool,
     failing_keep_alives: HashSet<i64>,
+    /// The changes a watch can still replay, oldest first.
+    history: VecDeque<WatchEvent>,
+    /// Every change up to this revision is gone from `history`.
+    compacted: i64,
+    /// How long each watch delivery waits.
+    watch_delay: Duration,
+    /// Whether each watch delivery is sent twice.
+    duplicate_events: bool,
 }
 
 #[derive(Debug)]
@@ -85,6 +100,7 @@ impl MemoryCoordinator {
                 state: Mutex::new(state),
                 revision: watch::channel(1).0,
                 hanging: watch::channel(false).0,
+                cuts: watch::channel(0).0,
             }),
         }
     }
@@ -98,9 +114,37 @@ impl MemoryCoordinator {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Makes every operation fail with [`ClusterError::Unreachable`] (or work again).
+    /// Makes every operation fail with [`ClusterError::Unreachable`] (or work again);
+    /// an unreachable store also ends every open watch.
     pub fn set_unreachable(&self, unreachable: bool) {
         self.lock().unreachable = unreachable;
+        if unreachable {
+            self.cut_watches();
+        }
+    }
+
+    /// Ends every open watch with an error, as a lost connection does: each
+    /// watcher must read again and watch from there.
+    pub fn cut_watches(&self) {
+        self.inner.cuts.send_modify(|n| *n += 1);
+    }
+
+    /// Compacts the history every watch could replay, up to the current revision:
+    /// a watch that needs an older change ends with [`WatchMessage::Compacted`].
+    pub fn compact(&self) {
+        let mut state = self.lock();
+        state.compacted = state.revision;
+        state.history.clear();
+    }
+
+    /// Delays every watch delivery by `delay` (zero: none).
+    pub fn set_watch_delay(&self, delay: Duration) {
+        self.lock().watch_delay = delay;
+    }
+
+    /// Sends every watch delivery twice (or once again).
+    pub fn set_duplicate_watch_events(&self, duplicate: bool) {
+        self.lock().duplicate_events = duplicate;
     }
 
     /// Makes every call wait, without an answer, until this is called with `false`
@@ -208,10 +252,45 @@ impl State {
             .collect();
         if !keys.is_empty() {
             self.revision += 1;
+            let revision = self.revision;
             for key in keys {
                 self.kvs.remove(&key);
+                self.record(WatchEvent::Delete { key, revision });
             }
         }
+    }
+
+    /// Keeps a change for watches, compacting the oldest beyond [`HISTORY`].
+    fn record(&mut self, event: WatchEvent) {
+        self.history.push_back(event);
+        while self.history.len() > HISTORY {
+            if let Some(old) = self.history.pop_front() {
+                self.compacted = self.compacted.max(old.revision());
+            }
+        }
+        // A revision is never half compacted.
+        while self
+            .history
+            .front()
+            .is_some_and(|e| e.revision() <= self.compacted)
+        {
+            self.history.pop_front();
+        }
+    }
+
+    /// The changes under `prefix` from revision `from` on, or the compaction
+    /// revision when some of them are gone.
+    fn changes_since(&self, prefix: &str, from: i64) -> Result<Vec<WatchEvent>, i64> {
+        if from <= self.compacted {
+            return Err(self.compacted);
+        }
+        let start = self.history.partition_point(|e| e.revision() < from);
+        Ok(self
+            .history
+            .range(start..)
+            .filter(|e| e.key().starts_with(prefix))
+            .cloned()
+            .collect())
     }
 
     fn holds(&self, compare: &Compare) -> bool {
@@ -337,19 +416,20 @@ impl Coordinator for MemoryCoordinator {
                                 .kvs
                                 .get(&key)
                                 .map_or(revision, |kv| kv.create_revision);
-                            state.kvs.insert(
-                                key.clone(),
-                                KeyValue {
-                                    key,
-                                    value,
-                                    create_revision,
-                                    mod_revision: revision,
-                                    lease: lease.unwrap_or(0),
-                                },
-                            );
+                            let kv = KeyValue {
+                                key: key.clone(),
+                                value,
+                                create_revision,
+                                mod_revision: revision,
+                                lease: lease.unwrap_or(0),
+                            };
+                            state.kvs.insert(key, kv.clone());
+                            state.record(WatchEvent::Put(kv));
                         }
                         Op::Delete { key } => {
-                            state.kvs.remove(&key);
+                            if state.kvs.remove(&key).is_some() {
+                                state.record(WatchEvent::Delete { key, revision });
+                            }
                         }
                     }
                 }
@@ -358,6 +438,73 @@ impl Coordinator for MemoryCoordinator {
                     revision,
                 })
             })
+        })
+    }
+
+    fn watch(&self, prefix: String, from: i64) -> BoxFuture<'_, Result<WatchStream, ClusterError>> {
+        Box::pin(async move {
+            self.arrive().await;
+            self.with("watch", |_| Ok(()))?;
+            let (tx, stream) = watch_channel(64);
+            let store = self.clone();
+            let mut revisions = self.inner.revision.subscribe();
+            let mut cuts = self.inner.cuts.subscribe();
+            cuts.borrow_and_update();
+            // Bounded by the watcher: it ends when the stream is dropped, the watch
+            // is cut, or the history it needs is compacted.
+            tokio::spawn(async move {
+                let mut next = from.max(1);
+                loop {
+                    revisions.borrow_and_update();
+                    let (head, changes, delay, twice) = {
+                        let state = store.lock();
+                        let changes = state.changes_since(&prefix, next);
+                        (
+                            state.revision,
+                            changes,
+                            state.watch_delay,
+                            state.duplicate_events,
+                        )
+                    };
+                    match changes {
+                        Err(revision) => {
+                            let _ = tx.send(Ok(WatchMessage::Compacted { revision })).await;
+                            return;
+                        }
+                        Ok(events) if !events.is_empty() => {
+                            if !delay.is_zero() {
+                                tokio::time::sleep(delay).await;
+                            }
+                            let message = WatchMessage::Events {
+                                revision: head,
+                                events,
+                            };
+                            if twice && tx.send(Ok(message.clone())).await.is_err() {
+                                return;
+                            }
+                            if tx.send(Ok(message)).await.is_err() {
+                                return;
+                            }
+                        }
+                        Ok(_) => {}
+                    }
+                    next = head + 1;
+                    tokio::select! {
+                        _ = tx.closed() => return,
+                        _ = cuts.changed() => {
+                            let _ = tx
+                                .send(Err(ClusterError::Unreachable {
+                                    op: "watch",
+                                    detail: "the in-memory store cut the watch".into(),
+                                }))
+                                .await;
+                            return;
+                        }
+                        _ = revisions.changed() => {}
+                    }
+                }
+            });
+            Ok(stream)
         })
     }
 

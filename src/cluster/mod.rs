@@ -75,7 +75,8 @@ pub use self::controller::{
     CheckpointInfo, Controller, StatusWatch, TaskStatus, DEFAULT_COMMAND_TIMEOUT,
 };
 pub use self::coord::{
-    BoxFuture, Compare, Coordinator, Grant, KeepAlive, KeyValue, Listing, Op, Txn, TxnResult,
+    watch_channel, BoxFuture, Compare, Coordinator, Grant, KeepAlive, KeyValue, Listing, Op, Txn,
+    TxnResult, WatchEvent, WatchMessage, WatchStream,
 };
 pub use self::error::ClusterError;
 pub use self::etcd::{EtcdCoordinator, EtcdOptions};

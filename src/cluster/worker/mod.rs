@@ -1,0 +1,573 @@
+//! The worker: joins with a lease, claims its share of the tasks, runs them,
+//! fences itself.
+//!
+//! A worker is five parts, each a file that owns one thing:
+//!
+//! - [`session`]: the lease and the keep-alive loop, the only writer of the
+//!   lease deadline;
+//! - [`guard`]: the deadline's enforcer, which stops every local run once the
+//!   lease no longer allows runs, whatever else is happening;
+//! - [`view`]: what the worker knows of the store, a cache fed by one list and a
+//!   watch per prefix;
+//! - [`queue`]: which task is decided about next, each at most once at a time, up
+//!   to `max_in_flight` store actions at once;
+//! - [`handover`]: fair shares, and which tasks to hand over;
+//!
+//! and the [`reconcile`] loop that ties them together through the one pure
+//! function [`decide`](super::decide::decide). Every store call has a deadline; no
+//! lock is held across an `.await` or across user code (the factory, a unit).
+
+mod guard;
+mod handover;
+mod queue;
+mod reconcile;
+mod session;
+mod view;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::runtime::{Handle, TaskBuilder};
+
+use self::session::{LeaseState, Session, Timing};
+use super::coord::{Coordinator, Op, Txn};
+use super::decide;
+use super::error::ClusterError;
+use super::fence::{within, FenceToken, Fencer, Wake};
+use super::keys::{owner_value, Keys, TaskId, WorkerId};
+
+/// The smallest lease TTL a worker accepts.
+pub const MIN_TTL: Duration = Duration::from_secs(2);
+
+/// What the factory is given to build one task.
+#[derive(Debug)]
+pub struct TaskSpec {
+    /// The task.
+    pub task: TaskId,
+    /// The spec bytes the controller stored (opaque to the cluster).
+    pub spec: Vec<u8>,
+    /// Fenced writes with this owner's token, for the units to use.
+    pub fencer: Fencer,
+}
+
+/// The error a factory returns for a spec it cannot build.
+pub type FactoryError = Box<dyn std::error::Error + Send + Sync>;
+
+type Factory = dyn Fn(TaskSpec) -> Result<TaskBuilder, FactoryError> + Send + Sync;
+
+/// Settings of a worker; made by [`Worker::builder`].
+pub struct WorkerBuilder {
+    coord: Arc<dyn Coordinator>,
+    prefix: String,
+    id: String,
+    ttl: Duration,
+    drift: f64,
+    stop_bound: Duration,
+    capacity: usize,
+    max_in_flight: usize,
+    resync: Duration,
+    op_timeout: Duration,
+    unfenced: bool,
+}
+
+impl std::fmt::Debug for WorkerBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerBuilder")
+            .field("prefix", &self.prefix)
+            .field("id", &self.id)
+            .field("ttl", &self.ttl)
+            .field("drift", &self.drift)
+            .field("stop_bound", &self.stop_bound)
+            .field("capacity", &self.capacity)
+            .field("max_in_flight", &self.max_in_flight)
+            .field("resync", &self.resync)
+            .finish_non_exhaustive()
+    }
+}
+
+impl WorkerBuilder {
+    /// The lease TTL (default 5 s, at least [`MIN_TTL`]).
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// ρ, the clock drift allowed between this machine and the store's over one TTL
+    /// (default 0.05; at most 0.5).
+    pub fn drift(mut self, rho: f64) -> Self {
+        self.drift = rho;
+        self
+    }
+
+    /// The longest a local stop may take: half of it is the grace period a run gets
+    /// to return, then it is aborted and waited for the rest (default 1 s).
+    pub fn stop_bound(mut self, bound: Duration) -> Self {
+        self.stop_bound = bound;
+        self
+    }
+
+    /// How many tasks the worker holds at most (default 16).
+    pub fn capacity(mut self, capacity: usize) -> Self {
+        self.capacity = capacity;
+        self
+    }
+
+    /// How many store actions (claims, reports, releases) the worker has in flight
+    /// at most, across its tasks (default 64); one task's actions are always one
+    /// at a time and in order.
+    pub fn max_in_flight(mut self, actions: usize) -> Self {
+        self.max_in_flight = actions;
+        self
+    }
+
+    /// How often the worker decides again about every task it knows, from its
+    /// cache and without reading the store (default 5 s): the safety net for a
+    /// missed local wake-up. A lost watch is noticed by the watch itself and
+    /// answered by a new listing.
+    pub fn resync(mut self, every: Duration) -> Self {
+        self.resync = every;
+        self
+    }
+
+    /// The deadline of each store call (default 1 s).
+    pub fn op_timeout(mut self, timeout: Duration) -> Self {
+        self.op_timeout = timeout;
+        self
+    }
+
+    /// **Breaks the crate's promise; for tests of the checks only.** The worker
+    /// skips self-fencing (it ignores its lease deadline, a lost lease and a key
+    /// taken by another worker) and fencing (its writes carry no compare). The
+    /// fault tests use it to show that their history checker catches what the
+    /// fences prevent.
+    #[doc(hidden)]
+    pub fn unfenced_for_tests(mut self, unfenced: bool) -> Self {
+        self.unfenced = unfenced;
+        self
+    }
+
+    /// The keep-alive period: a third of the time a lease is trusted for.
+    fn keep_alive_every(&self, rho_permille: u64) -> Duration {
+        let ttl = self.ttl.as_millis() as u64;
+        let trusted = decide::stop_at(0, ttl, rho_permille, self.stop_bound.as_millis() as u64);
+        Duration::from_millis(trusted / 3)
+    }
+
+    fn check(&self) -> Result<(Keys, WorkerId, u64), ClusterError> {
+        let keys = Keys::new(&self.prefix)?;
+        let id = WorkerId::new(self.id.clone())?;
+        if self.ttl < MIN_TTL {
+            return Err(ClusterError::TtlTooShort {
+                ttl: self.ttl,
+                min: MIN_TTL,
+            });
+        }
+        if !(0.0..=0.5).contains(&self.drift) {
+            return Err(ClusterError::InvalidTiming {
+                reason: format!("drift ρ = {} is not within [0, 0.5]", self.drift),
+            });
+        }
+        let rho = (self.drift * 1000.0).ceil() as u64;
+        let every = self.keep_alive_every(rho);
+        // At least three keep-alives, each with its own deadline, fit in the time a
+        // lease is trusted for.
+        if every < self.op_timeout.min(Duration::from_millis(100))
+            || self.capacity == 0
+            || self.max_in_flight == 0
+            || self.resync.is_zero()
+        {
+            return Err(ClusterError::InvalidTiming {
+                reason: format!(
+                    "TTL {:?}·(1−{}) − stop bound {:?} leaves {:?} between keep-alives; \
+                     capacity {}, actions in flight {}, resync {:?}",
+                    self.ttl,
+                    self.drift,
+                    self.stop_bound,
+                    every,
+                    self.capacity,
+                    self.max_in_flight,
+                    self.resync
+                ),
+            });
+        }
+        Ok((keys, id, rho))
+    }
+
+    /// Joins the cluster: grants the lease, registers the worker under it, and starts
+    /// the keep-alive and reconcile loops on the current tokio runtime.
+    ///
+    /// `factory` builds a task from its spec; it is given the owner's [`Fencer`] so
+    /// that the units it builds can fence their side effects. The worker sets the
+    /// builder's stop grace from its stop bound.
+    ///
+    /// # Errors
+    ///
+    /// - [`ClusterError::InvalidWorkerId`], [`ClusterError::InvalidPrefix`],
+    ///   [`ClusterError::TtlTooShort`], [`ClusterError::InvalidTiming`] for bad
+    ///   settings: nothing was written.
+    /// - [`ClusterError::Unreachable`] when the store did not answer: nothing was
+    ///   started (a lease granted before the failure is revoked, or expires).
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe: a dropped join may leave a granted lease to expire.
+    pub async fn join<F>(self, factory: F) -> Result<Worker, ClusterError>
+    where
+        F: Fn(TaskSpec) -> Result<TaskBuilder, FactoryError> + Send + Sync + 'static,
+    {
+        let (keys, id, rho) = self.check()?;
+        let op_timeout = self.op_timeout;
+        let sent = Instant::now();
+        let grant = within(op_timeout, "lease grant", self.coord.grant(self.ttl)).await?;
+        // The store may raise the TTL it was asked for; the smaller of the two is
+        // the one the deadline may trust either way.
+        let ttl = grant.ttl.min(self.ttl);
+        let register = Txn {
+            when: vec![],
+            then: vec![Op::Put {
+                key: keys.worker(&id, grant.id),
+                value: format!("{:x}", grant.id).into_bytes(),
+                lease: Some(grant.id),
+            }],
+        };
+        if let Err(e) = within(op_timeout, "register worker", self.coord.txn(register)).await {
+            let _ = within(op_timeout, "lease revoke", self.coord.revoke(grant.id)).await;
+            return Err(e);
+        }
+        let epoch = sent;
+        let timing = Timing {
+            ttl_ms: ttl.as_millis() as u64,
+            rho_permille: rho,
+            stop_bound_ms: self.stop_bound.as_millis() as u64,
+            keep_alive_every: self.keep_alive_every(rho),
+        };
+        let first = decide::stop_at(0, timing.ttl_ms, rho, timing.stop_bound_ms);
+        // The sender lives in `Inner`, as long as any loop: a receiver's `changed()`
+        // then never fails at once (which would turn the reconcile loop's wait
+        // into a spin after the session ended).
+        let (lease_tx, lease_rx) = watch::channel(LeaseState {
+            stop_at: Some(first),
+        });
+        let shutdown = CancellationToken::new();
+        let (wake, wake_rx) = mpsc::unbounded_channel();
+        let inner = Arc::new(Inner {
+            coord: self.coord,
+            keys,
+            id: id.clone(),
+            lease: grant.id,
+            owner_value: owner_value(&id, grant.id),
+            epoch,
+            capacity: self.capacity,
+            max_in_flight: self.max_in_flight,
+            resync: self.resync,
+            op_timeout,
+            grace: self.stop_bound / 2,
+            unfenced: self.unfenced,
+            factory: Box::new(factory),
+            wake,
+            view: Mutex::new(BTreeMap::new()),
+            lease_state: lease_tx,
+        });
+        let session = tokio::spawn(Session::run(Arc::clone(&inner), timing, shutdown.clone()));
+        let guard = (!inner.unfenced).then(|| {
+            tokio::spawn(guard::guard(
+                Arc::clone(&inner),
+                lease_rx.clone(),
+                shutdown.clone(),
+            ))
+        });
+        let reconcile = tokio::spawn(reconcile::reconcile(
+            Arc::clone(&inner),
+            lease_rx,
+            shutdown.clone(),
+            wake_rx,
+        ));
+        tracing::info!(worker = %id, lease = grant.id, ?ttl, "joined");
+        Ok(Worker {
+            inner,
+            guard,
+            session: Some(session),
+            reconcile: Some(reconcile),
+            shutdown,
+        })
+    }
+}
+
+struct Inner {
+    coord: Arc<dyn Coordinator>,
+    keys: Keys,
+    id: WorkerId,
+    lease: i64,
+    owner_value: String,
+    epoch: Instant,
+    capacity: usize,
+    max_in_flight: usize,
+    resync: Duration,
+    op_timeout: Duration,
+    grace: Duration,
+    /// Test-only: no self-fencing, no fencing ([`WorkerBuilder::unfenced_for_tests`]).
+    unfenced: bool,
+    factory: Box<Factory>,
+    /// Names a task the reconcile loop must decide about again (a local stage
+    /// change, a rejected fenced write, a stop done).
+    wake: Wake,
+    /// What the worker holds, for [`Worker::tasks`] and the guard; written by the
+    /// reconcile loop only, one entry at a time, never held across an await.
+    view: Mutex<BTreeMap<TaskId, Held>>,
+    /// The lease deadline: written by the session only.
+    lease_state: watch::Sender<LeaseState>,
+}
+
+#[derive(Clone)]
+struct Held {
+    token: FenceToken,
+    handle: Option<Handle>,
+}
+
+impl Inner {
+    fn now_ms(&self) -> u64 {
+        Instant::now()
+            .saturating_duration_since(self.epoch)
+            .as_millis() as u64
+    }
+
+    fn at(&self, ms: u64) -> Instant {
+        self.epoch + Duration::from_millis(ms)
+    }
+
+    /// A fencer for `token`, the only way the worker makes one.
+    fn fencer(&self, token: FenceToken) -> Fencer {
+        Fencer::new(
+            Arc::clone(&self.coord),
+            self.keys.clone(),
+            token,
+            self.wake.clone(),
+            self.op_timeout,
+            self.unfenced,
+        )
+    }
+
+    /// Empties the view and returns the handles of the local runs it held: for an
+    /// end of the worker, which stops each of them.
+    fn take_handles(&self) -> Vec<Handle> {
+        std::mem::take(&mut *self.view())
+            .into_values()
+            .filter_map(|h| h.handle)
+            .collect()
+    }
+
+    fn view(&self) -> MutexGuard<'_, BTreeMap<TaskId, Held>> {
+        // Only the reconcile loop writes it, with plain inserts and removes: a
+        // poisoned lock still holds a consistent map.
+        self.view.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// A member of the cluster that claims and runs tasks.
+///
+/// Made by [`Worker::builder`] → [`WorkerBuilder::join`]. Dropping a worker is a
+/// crash without the wait: it aborts every local run at once (a run can never
+/// outlive the loop that guards its lease, whatever a caller holds of it), then its
+/// loops, and leaves the lease for the store to expire after its TTL, so other
+/// workers take the tasks over only then. Use [`Worker::shutdown`] for a clean exit
+pub struct Worker {
+    inner: Arc<Inner>,
+    guard: Option<JoinHandle<()>>,
+    session: Option<JoinHandle<()>>,
+    reconcile: Option<JoinHandle<Result<(), ClusterError>>>,
+    shutdown: CancellationToken,
+}
+
+impl std::fmt::Debug for Worker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker")
+            .field("id", &self.inner.id)
+            .field("lease", &self.inner.lease)
+            .field("tasks", &self.tasks())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Worker {
+    /// Settings for a worker with id `id`, on `coordinator`, under `prefix`.
+    pub fn builder(
+        coordinator: impl Coordinator,
+        prefix: impl Into<String>,
+        id: impl Into<String>,
+    ) -> WorkerBuilder {
+        WorkerBuilder {
+            coord: Arc::new(coordinator),
+            prefix: prefix.into(),
+            id: id.into(),
+            ttl: Duration::from_secs(5),
+            drift: 0.05,
+            stop_bound: Duration::from_secs(1),
+            capacity: 16,
+            max_in_flight: 64,
+            resync: Duration::from_secs(5),
+            op_timeout: Duration::from_secs(1),
+            unfenced: false,
+        }
+    }
+
+    /// The worker's id.
+    pub fn id(&self) -> &WorkerId {
+        &self.inner.id
+    }
+
+    /// The worker's lease id.
+    pub fn lease(&self) -> i64 {
+        self.inner.lease
+    }
+
+    /// The tasks the worker owns now.
+    pub fn tasks(&self) -> Vec<TaskId> {
+        self.inner.view().keys().cloned().collect()
+    }
+
+    /// The fence token the worker holds for `task`, if it owns it.
+    pub fn token(&self, task: &TaskId) -> Option<FenceToken> {
+        self.inner.view().get(task).map(|h| h.token.clone())
+    }
+
+    /// A read-only view of `task`'s local run, if the worker runs it: its stage,
+    /// snapshot, events and waits. Commands go through the
+    /// [`Controller`](super::Controller): a local pause behind its back would make
+    /// the cluster's desired and observed stages disagree.
+    pub fn observer(&self, task: &TaskId) -> Option<crate::runtime::TaskObserver> {
+        self.inner
+            .view()
+            .get(task)
+            .and_then(|h| h.handle.as_ref().map(Handle::observer))
+    }
+
+    /// When the worker will begin stopping its runs unless a keep-alive is answered;
+    /// `None` once the lease is gone.
+    pub fn stop_deadline(&self) -> Option<Instant> {
+        let state = *self.inner.lease_state.borrow();
+        state.stop_at.map(|ms| self.inner.at(ms))
+    }
+
+    /// Whether the worker's loop has ended (lease lost, or shut down).
+    pub fn is_finished(&self) -> bool {
+        self.reconcile.as_ref().is_none_or(JoinHandle::is_finished)
+    }
+
+    /// Shuts the worker down cleanly: stops every local run (escalating to abort
+    /// within the stop bound), withdraws its owner keys and observed reports through
+    /// fenced writes, and revokes the lease, so that other workers take the tasks
+    /// over at once.
+    ///
+    /// # Errors
+    ///
+    /// [`ClusterError::LeaseLost`] when the lease had already been lost (the runs
+    /// were stopped then); [`ClusterError::Unreachable`] when the revoke did not
+    /// reach the store (the lease then expires after its TTL).
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe: dropped midway, the lease is left to expire.
+    pub async fn shutdown(mut self) -> Result<(), ClusterError> {
+        self.shutdown.cancel();
+        let result = match self.reconcile.take() {
+            Some(task) => task.await.unwrap_or_else(|e| {
+                Err(ClusterError::Store {
+                    op: "shutdown",
+                    detail: e.to_string(),
+                })
+            }),
+            None => Ok(()),
+        };
+        if let Some(session) = self.session.take() {
+            let _ = session.await;
+        }
+        if let Some(guard) = self.guard.take() {
+            let _ = guard.await;
+        }
+        let revoked = within(
+            self.inner.op_timeout,
+            "lease revoke",
+            self.inner.coord.revoke(self.inner.lease),
+        )
+        .await;
+        tracing::info!(worker = %self.inner.id, "shut down");
+        result.and(revoked)
+    }
+
+    /// Waits until the worker's loop ends by itself: it returns
+    /// [`ClusterError::LeaseLost`] once the lease is gone and every run stopped.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    pub async fn closed(&mut self) -> Result<(), ClusterError> {
+        match self.reconcile.as_mut() {
+            Some(task) => {
+                let result = task.await.unwrap_or_else(|e| {
+                    Err(ClusterError::Store {
+                        op: "worker loop",
+                        detail: e.to_string(),
+                    })
+                });
+                self.reconcile = None;
+                result
+            }
+            None => Err(ClusterError::ShutDown {
+                worker: self.inner.id.clone(),
+            }),
+        }
+    }
+
+    /// Ends the worker as a crash would: its loops are aborted and its runs aborted
+    /// at once; the lease is *not* revoked, so the store expires it after its TTL.
+    /// For tests and drills.
+    pub async fn crash(mut self) {
+        if let Some(task) = self.guard.take() {
+            task.abort();
+            let _ = task.await;
+        }
+        if let Some(task) = self.reconcile.take() {
+            task.abort();
+            let _ = task.await;
+        }
+        if let Some(task) = self.session.take() {
+            task.abort();
+            let _ = task.await;
+        }
+        let handles = self.inner.take_handles();
+        for handle in handles {
+            // A zero grace aborts the run at once; the error only says it is gone
+            // a moment later.
+            let _ = handle.stop_within(Duration::ZERO).await;
+        }
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        // The lease guard goes with the worker, so every run stops first: aborted at
+        // once (nobody is left to wait for a graceful stop), whatever a caller holds
+        // of it. A run the reconcile loop starts while this drop runs is stopped when
+        // the aborted loop's future is dropped, within the task's stop grace (half
+        // the stop bound), still inside the lease's deadline.
+        self.shutdown.cancel();
+        for handle in self.inner.take_handles() {
+            handle.stop_aborting();
+        }
+        if let Some(task) = self.guard.take() {
+            task.abort();
+        }
+        if let Some(task) = self.reconcile.take() {
+            task.abort();
+        }
+        if let Some(task) = self.session.take() {
+            task.abort();
+        }
+    }
+}

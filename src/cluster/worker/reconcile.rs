@@ -1,0 +1,846 @@
+//! The reconcile loop: decides about one task at a time from the cache, and
+//! carries the decisions out with up to `max_in_flight` store actions at once.
+//!
+//! Owns the tasks this worker holds (their slots: token, local handle) and the
+//! cache ([`View`]). It is woken by what changes, and decides about exactly the
+//! task that changed: a watched change of the store, a local task's stage change,
+//! a rejected fenced write, an action done. `decide` is the one pure function that
+//! says what to do; this loop only gathers its inputs and carries its answer out.
+//! A decision reads nothing from the store: a watched change costs O(1) store work
+//! and O(log tasks) here, and a resync re-decides every cached task from the cache.
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::hash::{Hash, Hasher};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, watch};
+use tokio::task::{JoinHandle, JoinSet};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::cluster::coord::{Compare, KeyValue, Op, Txn, TxnResult};
+use crate::cluster::decide::{decide, Action, Local, Ownership, Report, TaskView};
+use crate::cluster::error::ClusterError;
+use crate::cluster::fence::{within, FenceToken, Fencer};
+use crate::cluster::keys::{DesiredStage, ObservedOutcome, ObservedStatus, TaskId};
+use crate::runtime::Handle;
+use crate::stage::Stage;
+
+use super::guard::{lease_now, spawn_stop};
+use super::handover;
+use super::queue::WorkQueue;
+use super::session::LeaseState;
+use super::view::{reflect, Changes, Feed, Prefix, Record, View};
+use super::{Held, Inner, TaskSpec};
+
+/// One task the worker holds.
+struct Slot {
+    token: FenceToken,
+    task: Option<Running>,
+}
+
+/// A held task that was built: its local handle and what the loop did to it.
+struct Running {
+    handle: Handle,
+    fencer: Fencer,
+    /// The desired revision last resumed or paused for.
+    acted: Option<i64>,
+    /// Paused for a hand-over since the last resume.
+    yielded: bool,
+    stopping: Option<JoinHandle<()>>,
+    forwarder: JoinHandle<()>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.forwarder.abort();
+    }
+}
+
+/// A store action that finished.
+enum Done {
+    Claimed(Result<TxnResult, ClusterError>),
+    Published {
+        key: String,
+        value: Vec<u8>,
+        result: Result<i64, ClusterError>,
+    },
+    Released {
+        key: String,
+        result: Result<i64, ClusterError>,
+    },
+}
+
+/// The loop's state.
+struct Reconciler {
+    inner: Arc<Inner>,
+    view: View,
+    slots: HashMap<TaskId, Slot>,
+    queue: WorkQueue<TaskId>,
+    actions: JoinSet<(TaskId, Done)>,
+    /// Which task each action in flight is about (a panicked action still frees
+    /// its task).
+    action_tasks: HashMap<tokio::task::Id, TaskId>,
+    /// Tasks whose factory failed, with the desired revision it failed for.
+    unbuildable: HashMap<TaskId, i64>,
+    /// Claims in flight: they count as held.
+    claiming: usize,
+    /// Tasks being handed over (fair shares).
+    handing_over: BTreeSet<TaskId>,
+    /// Tasks that want an owner: a desired stage, and owned or not settled.
+    wanting: HashSet<TaskId>,
+    /// This worker's member key.
+    me: String,
+    /// This worker's fair share (see [`handover::share`]).
+    share: usize,
+    /// The shares must be computed again (the members or the tasks changed).
+    rebalance_due: bool,
+    /// Tasks whose action failed to reach the store, and when to decide again.
+    retry: BTreeSet<(Instant, TaskId)>,
+}
+
+/// The reconcile loop, until shutdown or the end of the lease.
+pub(super) async fn reconcile(
+    inner: Arc<Inner>,
+    mut lease_rx: watch::Receiver<LeaseState>,
+    shutdown: CancellationToken,
+    mut wake_rx: mpsc::UnboundedReceiver<TaskId>,
+) -> Result<(), ClusterError> {
+    let (feed_tx, mut feed_rx) = mpsc::channel(64);
+    let follow = shutdown.child_token();
+    // Ends the reflectors whichever way this loop ends (an abort included).
+    let _follow_guard = follow.clone().drop_guard();
+    for (which, prefix) in [
+        (Prefix::Tasks, inner.keys.tasks()),
+        (Prefix::Workers, inner.keys.workers()),
+    ] {
+        tokio::spawn(reflect(
+            Arc::clone(&inner.coord),
+            which,
+            prefix,
+            inner.op_timeout,
+            inner.op_timeout.min(inner.resync),
+            feed_tx.clone(),
+            follow.clone(),
+        ));
+    }
+    drop(feed_tx);
+    let mut loop_state = Reconciler {
+        me: inner.keys.worker(&inner.id, inner.lease),
+        view: View::new(inner.keys.clone()),
+        slots: HashMap::new(),
+        queue: WorkQueue::new(inner.max_in_flight),
+        actions: JoinSet::new(),
+        action_tasks: HashMap::new(),
+        unbuildable: HashMap::new(),
+        claiming: 0,
+        handing_over: BTreeSet::new(),
+        wanting: HashSet::new(),
+        share: 0,
+        rebalance_due: false,
+        retry: BTreeSet::new(),
+        inner: Arc::clone(&inner),
+    };
+    let state = &mut loop_state;
+    let mut resync = tokio::time::interval_at(Instant::now() + inner.resync, inner.resync);
+    resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        if shutdown.is_cancelled() {
+            state.wind_down().await;
+            return Ok(());
+        }
+        if state.rebalance_due {
+            state.rebalance();
+        }
+        let mut lease = lease_now(&inner, &mut lease_rx);
+        // Decide while there is room for actions; yield now and then, so that a
+        // resync of many tasks does not hold the thread.
+        let mut decided = 0u32;
+        while let Some(task) = state.queue.pop() {
+            // Read again for every task: a lease lost meanwhile must reach the next
+            // decision.
+            lease = lease_now(&inner, &mut lease_rx);
+            state.step(&task, lease).await;
+            decided += 1;
+            if decided.is_multiple_of(256) {
+                tokio::task::yield_now().await;
+            }
+        }
+        if lease.stop_at.is_none() && state.slots.values().all(|s| s.task.is_none()) {
+            tracing::warn!(worker = %inner.id, "lease lost; every run stopped");
+            return Err(ClusterError::LeaseLost {
+                worker: inner.id.clone(),
+            });
+        }
+        let deadline = lease
+            .stop_at
+            .filter(|_| !inner.unfenced)
+            .map(|ms| inner.at(ms))
+            .filter(|at| *at > Instant::now());
+        let retry_at = state.retry.first().map(|(at, _)| *at);
+        tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => {}
+            Some(done) = state.actions.join_next_with_id(), if !state.actions.is_empty() => {
+                state.done(done);
+            }
+            Some(task) = wake_rx.recv() => {
+                state.queue.add(task);
+                while let Ok(task) = wake_rx.try_recv() {
+                    state.queue.add(task);
+                }
+            }
+            _ = lease_rx.changed() => state.queue_held(),
+            Some(feed) = feed_rx.recv() => state.feed(feed),
+            _ = resync.tick() => {
+                state.rebalance_due = true;
+                state.queue_all();
+            }
+            _ = async {
+                match deadline {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            } => state.queue_held(),
+            _ = async {
+                match retry_at {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            } => state.retry_due(),
+        }
+    }
+}
+
+impl Reconciler {
+    /// Applies a reflector's message to the cache and queues what it changed.
+    fn feed(&mut self, feed: Feed) {
+        let listed = matches!(feed, Feed::Listed { .. });
+        let changes = self.view.feed(feed);
+        self.changed(changes, listed);
+    }
+
+    fn changed(&mut self, changes: Changes, listed: bool) {
+        if changes.members {
+            self.rebalance_due = true;
+        }
+        let mut tasks = changes.tasks;
+        if listed {
+            // Workers that list the same tasks claim them in orders of their own.
+            let me = self.me.as_str();
+            tasks.sort_by_cached_key(|task| {
+                let mut hasher = DefaultHasher::new();
+                (me, task).hash(&mut hasher);
+                hasher.finish()
+            });
+        }
+        for task in tasks {
+            self.update_wanting(&task);
+            self.queue.add(task);
+        }
+    }
+
+    /// Queues the tasks whose retry is due.
+    fn retry_due(&mut self) {
+        let now = Instant::now();
+        while let Some((at, _)) = self.retry.first() {
+            if *at > now {
+                break;
+            }
+            if let Some((_, task)) = self.retry.pop_first() {
+                self.queue.add(task);
+            }
+        }
+    }
+
+    /// Decides about `task` again after a pause: its action did not reach the store.
+    fn retry_later(&mut self, task: TaskId) {
+        let delay = self.inner.op_timeout.min(self.inner.resync) / 4;
+        self.retry.insert((Instant::now() + delay, task));
+    }
+
+    fn queue_held(&mut self) {
+        let held: Vec<TaskId> = self.slots.keys().cloned().collect();
+        for task in held {
+            self.queue.add(task);
+        }
+    }
+
+    fn queue_all(&mut self) {
+        let all: Vec<TaskId> = self
+            .view
+            .tasks()
+            .cloned()
+            .chain(self.slots.keys().cloned())
+            .collect();
+        for task in all {
+            self.queue.add(task);
+        }
+    }
+
+    /// Keeps the set of tasks that want an owner up to date for one task.
+    fn update_wanting(&mut self, task: &TaskId) {
+        let wants = self.view.record(task).is_some_and(|record| {
+            let desired = record.desired.kv.as_ref().and_then(parse_desired);
+            desired.is_some() && (record.owner.kv.is_some() || !settled(record, desired))
+        });
+        let changed = if wants {
+            self.wanting.insert(task.clone())
+        } else {
+            self.wanting.remove(task)
+        };
+        if changed {
+            self.rebalance_due = true;
+        }
+    }
+
+    /// Computes this worker's share again, and starts or gives up hand-overs.
+    fn rebalance(&mut self) {
+        self.rebalance_due = false;
+        if !self.view.is_known() {
+            return;
+        }
+        let members = self.view.members();
+        self.share = handover::share(self.wanting.len(), &members, &self.me);
+        // A hand-over ends with the release; one whose task is gone, failed or
+        // ending is no longer under way.
+        let slots = &self.slots;
+        self.handing_over.retain(|task| {
+            slots
+                .get(task)
+                .and_then(|s| s.task.as_ref())
+                .is_some_and(|r| can_hand_over(&r.handle))
+        });
+        let held = self.slots.len() + self.claiming;
+        if held <= self.share {
+            // The share grew (a member left): keep what is left to hand over.
+            for task in std::mem::take(&mut self.handing_over) {
+                self.queue.add(task);
+            }
+            return;
+        }
+        let candidates: Vec<TaskId> = self
+            .slots
+            .iter()
+            .filter(|(_, slot)| slot.task.as_ref().is_some_and(|r| can_hand_over(&r.handle)))
+            .map(|(task, _)| task.clone())
+            .collect();
+        for task in handover::pick(held, self.share, &self.handing_over, candidates) {
+            tracing::debug!(worker = %self.inner.id, %task, share = self.share, held, "handing over");
+            self.handing_over.insert(task.clone());
+            self.queue.add(task);
+        }
+    }
+
+    /// Whether the worker has room for one more task.
+    fn capacity_left(&self) -> bool {
+        let held = self.slots.len() + self.claiming;
+        self.view.is_known() && held < self.inner.capacity.min(self.share)
+    }
+
+    /// One decision about one task, and starting to carry it out.
+    async fn step(&mut self, task: &TaskId, lease: LeaseState) {
+        let inner = Arc::clone(&self.inner);
+        let record = self.view.record(task);
+        let slot_rev = self.slots.get(task).map(|s| s.token.revision);
+        let desired = record
+            .and_then(|r| r.desired.kv.as_ref())
+            .and_then(parse_desired);
+        let owner_kv = record.and_then(|r| r.owner.kv.as_ref());
+        let ownership = match owner_kv {
+            // Test-only: a task once held stays "mine", whoever holds the key now.
+            _ if inner.unfenced && slot_rev.is_some() => Ownership::Mine,
+            None => Ownership::Unowned,
+            Some(kv) if kv.value == inner.owner_value.as_bytes() => match slot_rev {
+                Some(rev) if rev != kv.create_revision => Ownership::Other,
+                _ => Ownership::Mine,
+            },
+            Some(_) => Ownership::Other,
+        };
+        let observed = record
+            .and_then(|r| r.observed.kv.as_ref())
+            .and_then(|kv| ObservedStatus::decode(&kv.key, &kv.value).ok());
+        let token_rev = match (slot_rev, owner_kv) {
+            (Some(rev), _) => Some(rev),
+            (None, Some(kv)) if ownership == Ownership::Mine => Some(kv.create_revision),
+            _ => None,
+        };
+        let published = observed.as_ref().and_then(|o| {
+            (o.owner == inner.id && Some(o.owner_revision) == token_rev).then_some(Report {
+                stage: o.stage,
+                failed: o.outcome.is_failed(),
+                generation: o.generation,
+                desired_revision: o.desired_revision,
+            })
+        });
+        let running_ref = self.slots.get(task).and_then(|s| s.task.as_ref());
+        let view = TaskView {
+            desired,
+            ownership,
+            settled: record.is_some_and(|r| settled(r, desired)),
+            local: running_ref.map(|r| local_of(&r.handle)),
+            acted: running_ref.and_then(|r| r.acted),
+            published,
+            now: inner.now_ms(),
+            stop_at: lease.stop_at,
+            fence_rejected: running_ref.is_some_and(|r| r.fencer.is_rejected()),
+            stopping: running_ref.is_some_and(|r| r.stopping.is_some()),
+            capacity_left: self.capacity_left(),
+            hand_over: self.handing_over.contains(task),
+            yielded: running_ref.is_some_and(|r| r.yielded),
+        };
+        let Some(action) = decide(&view) else {
+            // A slot whose key is gone and that runs nothing is forgotten.
+            if view.local.is_none() && ownership != Ownership::Mine {
+                self.forget(task);
+            }
+            if !self.slots.contains_key(task) {
+                self.view.forget_if_gone(task);
+            }
+            return;
+        };
+        tracing::debug!(worker = %inner.id, %task, ?action, "decided");
+        match action {
+            Action::Claim => {
+                if desired.is_some_and(|(_, rev)| self.unbuildable.get(task) == Some(&rev)) {
+                    return;
+                }
+                let owner = inner.keys.owner(task);
+                let txn = Txn {
+                    when: vec![Compare::Absent(owner.clone())],
+                    then: vec![Op::Put {
+                        key: owner,
+                        value: inner.owner_value.clone().into_bytes(),
+                        lease: Some(inner.lease),
+                    }],
+                };
+                self.claiming += 1;
+                let coord = Arc::clone(&inner.coord);
+                let timeout = inner.op_timeout;
+                self.start(task, async move {
+                    Done::Claimed(within(timeout, "claim", coord.txn(txn)).await)
+                });
+            }
+            Action::Build => {
+                let token = match self.slots.get(task) {
+                    Some(slot) => slot.token.clone(),
+                    None => match owner_kv {
+                        // Our value under our lease: a claim whose answer was lost.
+                        Some(kv) => FenceToken {
+                            task: task.clone(),
+                            worker: inner.id.clone(),
+                            lease: inner.lease,
+                            revision: kv.create_revision,
+                        },
+                        None => return,
+                    },
+                };
+                let spec = record.and_then(|r| r.spec.kv.as_ref().map(|kv| kv.value.clone()));
+                match build(&inner, task, spec, token.clone()) {
+                    Ok(running) => {
+                        inner.view().insert(
+                            task.clone(),
+                            Held {
+                                token: token.clone(),
+                                handle: Some(running.handle.clone()),
+                            },
+                        );
+                        self.slots.insert(
+                            task.clone(),
+                            Slot {
+                                token,
+                                task: Some(running),
+                            },
+                        );
+                    }
+                    Err(error) => {
+                        tracing::warn!(worker = %inner.id, %task, %error, "cannot build; releasing");
+                        if let Some((_, rev)) = desired {
+                            self.unbuildable.insert(task.clone(), rev);
+                        }
+                        self.forget(task);
+                        let fencer = inner.fencer(token);
+                        let key = inner.keys.owner(task);
+                        let ops = vec![Op::Delete { key: key.clone() }];
+                        self.start(task, async move {
+                            let result = fencer.fenced(ops).await;
+                            Done::Released { key, result }
+                        });
+                    }
+                }
+            }
+            Action::Resume { revision } => {
+                if let Some(running) = self.running(task) {
+                    running.acted = Some(revision);
+                    running.yielded = false;
+                    if let Err(error) = running.handle.resume().await {
+                        tracing::debug!(worker = %inner.id, %task, %error, "resume refused");
+                    }
+                }
+            }
+            Action::Pause { revision } => {
+                if let Some(running) = self.running(task) {
+                    running.acted = Some(revision);
+                    // Issues the pause and returns at once; the stage says when the
+                    // run has returned, and its change wakes this loop.
+                    if let Err(error) = running.handle.pause_now() {
+                        tracing::debug!(worker = %inner.id, %task, %error, "pause refused");
+                    }
+                }
+            }
+            Action::Yield => {
+                if let Some(running) = self.running(task) {
+                    running.yielded = true;
+                    if let Err(error) = running.handle.pause_now() {
+                        tracing::debug!(worker = %inner.id, %task, %error, "pause refused");
+                    }
+                }
+            }
+            Action::Stop | Action::Fence => {
+                if let Some(running) = self.running(task) {
+                    let why = if action == Action::Fence {
+                        "fence"
+                    } else {
+                        "stop"
+                    };
+                    tracing::info!(worker = %inner.id, %task, why, "stopping the local run");
+                    running.stopping =
+                        Some(spawn_stop(&inner, task.clone(), running.handle.clone()));
+                }
+            }
+            Action::Drop => {
+                // Only ever decided when the worker may not run the task (decide,
+                // invariant 2): forget it; if the key is still ours, a later step
+                // rebuilds it with a valid lease.
+                self.forget(task);
+            }
+            Action::Publish(report) => {
+                let Some(slot) = self.slots.get(task) else {
+                    return;
+                };
+                let Some(running) = slot.task.as_ref() else {
+                    return;
+                };
+                let snapshot = running.handle.snapshot();
+                let status = ObservedStatus {
+                    stage: report.stage,
+                    generation: report.generation,
+                    outcome: ObservedOutcome::from_outcome(snapshot.outcome.as_ref()),
+                    desired_revision: report.desired_revision,
+                    owner: inner.id.clone(),
+                    owner_revision: slot.token.revision,
+                };
+                let key = inner.keys.observed(task);
+                let value = status.encode();
+                let ops = vec![Op::Put {
+                    key: key.clone(),
+                    value: value.clone(),
+                    lease: None,
+                }];
+                let fencer = running.fencer.clone();
+                self.start(task, async move {
+                    let result = fencer.fenced(ops).await;
+                    Done::Published { key, value, result }
+                });
+            }
+            Action::Release => {
+                let Some(running) = self.slots.get(task).and_then(|s| s.task.as_ref()) else {
+                    return;
+                };
+                let key = inner.keys.owner(task);
+                let ops = vec![Op::Delete { key: key.clone() }];
+                let fencer = running.fencer.clone();
+                self.start(task, async move {
+                    let result = fencer.fenced(ops).await;
+                    Done::Released { key, result }
+                });
+            }
+        }
+    }
+
+    fn running(&mut self, task: &TaskId) -> Option<&mut Running> {
+        self.slots.get_mut(task).and_then(|s| s.task.as_mut())
+    }
+
+    /// Starts a store action about `task`; the task gets no other decision until
+    /// it is done.
+    fn start(
+        &mut self,
+        task: &TaskId,
+        action: impl std::future::Future<Output = Done> + Send + 'static,
+    ) {
+        let about = task.clone();
+        let handle = self.actions.spawn(async move { (about, action.await) });
+        self.action_tasks.insert(handle.id(), task.clone());
+        self.queue.start(task.clone());
+    }
+
+    /// Forgets a held task: the slot, and the worker's public view of it.
+    fn forget(&mut self, task: &TaskId) {
+        self.slots.remove(task);
+        self.inner.view().remove(task);
+        self.handing_over.remove(task);
+    }
+
+    /// Applies the result of a finished action.
+    fn done(&mut self, done: Result<(tokio::task::Id, (TaskId, Done)), tokio::task::JoinError>) {
+        let (id, task, done) = match done {
+            Ok((id, (task, done))) => (id, task, Some(done)),
+            Err(error) => {
+                let Some(task) = self.action_tasks.get(&error.id()).cloned() else {
+                    return;
+                };
+                tracing::warn!(worker = %self.inner.id, %task, %error, "a store action failed");
+                (error.id(), task, None)
+            }
+        };
+        self.action_tasks.remove(&id);
+        let inner = Arc::clone(&self.inner);
+        // Decided about again at once only when the action changed something; an
+        // action refused by the store waits for the watch to show why, one that
+        // did not reach it is tried again after a pause.
+        let mut again = true;
+        let mut unreached = false;
+        match done {
+            Some(Done::Claimed(result)) => {
+                self.claiming = self.claiming.saturating_sub(1);
+                match result {
+                    Ok(result) if result.succeeded => {
+                        let revision = result.revision;
+                        tracing::info!(worker = %inner.id, %task, revision, "claimed");
+                        let token = FenceToken {
+                            task: task.clone(),
+                            worker: inner.id.clone(),
+                            lease: inner.lease,
+                            revision,
+                        };
+                        inner.view().insert(
+                            task.clone(),
+                            Held {
+                                token: token.clone(),
+                                handle: None,
+                            },
+                        );
+                        self.slots.insert(task.clone(), Slot { token, task: None });
+                        let key = inner.keys.owner(&task);
+                        let kv = KeyValue {
+                            key: key.clone(),
+                            value: inner.owner_value.clone().into_bytes(),
+                            create_revision: revision,
+                            mod_revision: revision,
+                            lease: inner.lease,
+                        };
+                        let changes = self.view.own_write(key, Some(kv), revision);
+                        self.changed(changes, false);
+                    }
+                    Ok(_) => again = false, // someone else was first; the watch tells who
+                    Err(error) => {
+                        tracing::debug!(worker = %inner.id, %task, %error, "claim failed");
+                        unreached = true;
+                    }
+                }
+            }
+            Some(Done::Published { key, value, result }) => match result {
+                Ok(revision) => {
+                    let kv = KeyValue {
+                        key: key.clone(),
+                        value,
+                        create_revision: revision,
+                        mod_revision: revision,
+                        lease: 0,
+                    };
+                    let changes = self.view.own_write(key, Some(kv), revision);
+                    self.changed(changes, false);
+                }
+                Err(error) => {
+                    tracing::debug!(worker = %inner.id, %task, %error, "publish failed");
+                    unreached = !matches!(error, ClusterError::Fenced { .. });
+                }
+            },
+            Some(Done::Released { key, result }) => match result {
+                Ok(revision) => {
+                    tracing::info!(worker = %inner.id, %task, "released");
+                    self.forget(&task);
+                    let changes = self.view.own_write(key, None, revision);
+                    self.changed(changes, false);
+                    self.rebalance_due = true;
+                }
+                Err(error) => {
+                    tracing::debug!(worker = %inner.id, %task, %error, "release failed");
+                    unreached = !matches!(error, ClusterError::Fenced { .. });
+                }
+            },
+            None => {
+                // A panicked claim still counted as held.
+                if !self.slots.contains_key(&task) {
+                    self.claiming = self.claiming.saturating_sub(1);
+                }
+                unreached = true;
+            }
+        }
+        if unreached {
+            self.queue.finish(task.clone(), false);
+            self.retry_later(task);
+        } else {
+            self.queue.finish(task, again);
+        }
+    }
+
+    /// Shutdown: stop every local run, withdraw owner keys and reports (fenced).
+    async fn wind_down(&mut self) {
+        self.actions.shutdown().await;
+        let inner = Arc::clone(&self.inner);
+        let mut stops = Vec::new();
+        for (task, slot) in self.slots.iter() {
+            if let Some(running) = &slot.task {
+                let handle = running.handle.clone();
+                let grace = inner.grace;
+                let task = task.clone();
+                stops.push(tokio::spawn(async move {
+                    if let Err(error) = handle.stop_within(grace).await {
+                        tracing::warn!(%task, %error, "stop at shutdown timed out");
+                    }
+                }));
+            }
+        }
+        for stop in stops {
+            let _ = stop.await;
+        }
+        let mut withdrawals = JoinSet::new();
+        for (task, slot) in std::mem::take(&mut self.slots) {
+            let stage = slot.task.as_ref().map(|r| r.handle.stage());
+            // A run that could not be stopped keeps the key until the lease expires.
+            if stage.is_some_and(Stage::run_may_be_alive) {
+                continue;
+            }
+            inner.view().remove(&task);
+            let fencer = inner.fencer(slot.token);
+            let ops = vec![
+                Op::Delete {
+                    key: inner.keys.observed(&task),
+                },
+                Op::Delete {
+                    key: inner.keys.owner(&task),
+                },
+            ];
+            withdrawals.spawn(async move {
+                let _ = fencer.fenced(ops).await;
+            });
+            if withdrawals.len() >= inner.max_in_flight {
+                withdrawals.join_next().await;
+            }
+        }
+        while withdrawals.join_next().await.is_some() {}
+    }
+}
+
+/// Whether a held task may be handed over now: built, running or at rest, not
+/// failed.
+fn can_hand_over(handle: &Handle) -> bool {
+    let local = local_of(handle);
+    matches!(local.stage, Stage::New | Stage::Running | Stage::Paused) && !local.failed
+}
+
+/// Whether the stored observed status is terminal and answers the current desired
+/// revision: nothing is left to do.
+fn settled(record: &Record, desired: Option<(DesiredStage, i64)>) -> bool {
+    let observed = record
+        .observed
+        .kv
+        .as_ref()
+        .and_then(|kv| ObservedStatus::decode(&kv.key, &kv.value).ok());
+    match (&observed, desired) {
+        (Some(o), Some((stage, rev))) => {
+            o.stage.is_terminal()
+                && o.desired_revision == rev
+                && stage.answered_by(o.stage, o.outcome.is_failed())
+        }
+        _ => false,
+    }
+}
+
+fn parse_desired(kv: &KeyValue) -> Option<(DesiredStage, i64)> {
+    let text = std::str::from_utf8(&kv.value).ok()?;
+    match text.parse::<DesiredStage>() {
+        Ok(stage) => Some((stage, kv.mod_revision)),
+        Err(_) => {
+            tracing::warn!(key = %kv.key, value = %text, "unknown desired stage; task left alone");
+            None
+        }
+    }
+}
+
+fn local_of(handle: &Handle) -> Local {
+    let snapshot = handle.snapshot();
+    Local {
+        stage: snapshot.stage,
+        failed: snapshot
+            .outcome
+            .as_ref()
+            .is_some_and(|o| o.error().is_some()),
+        generation: snapshot.generation,
+    }
+}
+
+fn build(
+    inner: &Arc<Inner>,
+    task: &TaskId,
+    spec: Option<Vec<u8>>,
+    token: FenceToken,
+) -> Result<Running, ClusterError> {
+    let spec = spec.ok_or_else(|| ClusterError::Factory {
+        task: task.clone(),
+        reason: "the task has no spec".into(),
+    })?;
+    let fencer = inner.fencer(token);
+    let request = TaskSpec {
+        task: task.clone(),
+        spec,
+        fencer: fencer.clone(),
+    };
+    // User code: called with no lock held; a panic is the factory's error.
+    let built = catch_unwind(AssertUnwindSafe(|| (inner.factory)(request)));
+    let builder = match built {
+        Ok(Ok(builder)) => builder,
+        Ok(Err(error)) => {
+            return Err(ClusterError::Factory {
+                task: task.clone(),
+                reason: error.to_string(),
+            })
+        }
+        Err(_) => {
+            return Err(ClusterError::Factory {
+                task: task.clone(),
+                reason: "the factory panicked".into(),
+            })
+        }
+    };
+    let handle = builder
+        .stop_grace(inner.grace)
+        .spawn_paused()
+        .map_err(|source| ClusterError::Build {
+            task: task.clone(),
+            source,
+        })?;
+    let mut events = handle.subscribe();
+    let wake = inner.wake.clone();
+    let about = task.clone();
+    // Bounded by the task: it ends when the task's events end or the slot goes.
+    let forwarder = tokio::spawn(async move {
+        while events.changed().await.is_ok() {
+            if wake.send(about.clone()).is_err() {
+                return;
+            }
+        }
+    });
+    Ok(Running {
+        handle,
+        fencer,
+        acted: None,
+        yielded: false,
+        stopping: None,
+        forwarder,
+    })
+}

@@ -1,0 +1,80 @@
+//! The session: the worker's lease and the one loop that keeps it.
+//!
+//! One worker is one etcd *session* in the sense of etcd's Go `concurrency`
+//! package: one lease, one keep-alive loop, and one clear place where the lease is
+//! kept, lost and reported. The loop is the only writer of the lease deadline
+//! ([`LeaseState`]); the reconcile loop and the guard read it. Its cost is one
+//! keep-alive per period, whatever the number of tasks.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::cluster::coord::KeepAlive;
+use crate::cluster::decide;
+use crate::cluster::fence::within;
+
+use super::Inner;
+
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Timing {
+    pub(super) ttl_ms: u64,
+    pub(super) rho_permille: u64,
+    pub(super) stop_bound_ms: u64,
+    pub(super) keep_alive_every: Duration,
+}
+
+/// The lease as the worker knows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct LeaseState {
+    /// When to begin stopping runs (ms since the worker's epoch); `None` once the
+    /// store answered that the lease is gone.
+    pub(super) stop_at: Option<u64>,
+}
+
+/// The lease half: one keep-alive loop, the only writer of the lease deadline.
+pub(super) struct Session;
+
+impl Session {
+    pub(super) async fn run(inner: Arc<Inner>, timing: Timing, shutdown: CancellationToken) {
+        let lease_tx = &inner.lease_state;
+        let mut ticker = tokio::time::interval(timing.keep_alive_every);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = ticker.tick() => {}
+            }
+            // Record when the keep-alive was sent, on the monotonic clock: only an
+            // answer with TTL > 0 moves the deadline, and it moves it to
+            // sent + TTL·(1−ρ) − stop bound (decide::stop_at).
+            let sent = inner.now_ms();
+            let timeout = inner.op_timeout.min(timing.keep_alive_every);
+            match within(timeout, "keep-alive", inner.coord.keep_alive(inner.lease)).await {
+                Ok(KeepAlive::Alive { ttl }) => {
+                    let ttl_ms = (ttl.as_millis() as u64).min(timing.ttl_ms);
+                    let next =
+                        decide::stop_at(sent, ttl_ms, timing.rho_permille, timing.stop_bound_ms);
+                    lease_tx.send_if_modified(|state| match state.stop_at {
+                        Some(current) if next > current => {
+                            state.stop_at = Some(next);
+                            true
+                        }
+                        _ => false,
+                    });
+                }
+                Ok(KeepAlive::Expired) => {
+                    tracing::warn!(worker = %inner.id, "lease expired");
+                    // The reconcile loop and the guard wake on this change.
+                    lease_tx.send_replace(LeaseState { stop_at: None });
+                    return;
+                }
+                Err(error) => {
+                    // The deadline stays where the last answer put it.
+                    tracing::debug!(worker = %inner.id, %error, "keep-alive failed");
+                }
+            }
+        }
+    }
+}
