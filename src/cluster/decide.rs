@@ -445,4 +445,86 @@ mod tests {
             }
         }
     }
+
+    /// Invariant 6: a hand-over pauses the run, publishes that, and only then
+    /// releases the key.
+    #[test]
+    fn a_hand_over_pauses_publishes_then_releases() {
+        let mut v = view();
+        v.hand_over = true;
+        v.local = local(Stage::Running);
+        assert_eq!(
+            decide(&v),
+            Some(Action::Yield),
+            "a running task is paused first"
+        );
+        v.local = local(Stage::Resuming);
+        assert_eq!(decide(&v), Some(Action::Yield));
+        v.local = local(Stage::Pausing);
+        let pausing = Report {
+            stage: Stage::Pausing,
+            failed: false,
+            generation: 1,
+            desired_revision: 10,
+        };
+        assert_eq!(decide(&v), Some(Action::Publish(pausing)));
+        v.published = Some(pausing);
+        assert_eq!(decide(&v), None, "released while the run may be alive");
+        v.local = local(Stage::Paused);
+        let paused = Report {
+            stage: Stage::Paused,
+            ..pausing
+        };
+        assert_eq!(
+            decide(&v),
+            Some(Action::Publish(paused)),
+            "released unpublished"
+        );
+        v.published = Some(paused);
+        assert_eq!(decide(&v), Some(Action::Release));
+        // Given up before the release: the paused task runs again.
+        v.hand_over = false;
+        v.yielded = true;
+        assert_eq!(decide(&v), Some(Action::Resume { revision: 10 }));
+        v.yielded = false;
+        assert_eq!(decide(&v), None, "acted for this revision, not yielded");
+    }
+
+    #[test]
+    fn a_failed_or_stopping_task_is_not_handed_over() {
+        let mut v = view();
+        v.hand_over = true;
+        v.yielded = true;
+        v.local = Some(Local {
+            stage: Stage::Paused,
+            failed: true,
+            generation: 1,
+        });
+        v.published = Some(Report {
+            stage: Stage::Paused,
+            failed: true,
+            generation: 1,
+            desired_revision: 10,
+        });
+        assert_eq!(
+            decide(&v),
+            None,
+            "a failure is its answer: kept, not retried"
+        );
+        v.desired = Some((DesiredStage::Stopped, 11));
+        v.local = local(Stage::Running);
+        assert_eq!(decide(&v), Some(Action::Stop));
+        // A task desired Paused is handed over at rest.
+        v.desired = Some((DesiredStage::Paused, 12));
+        v.local = local(Stage::Paused);
+        v.published = Some(Report {
+            stage: Stage::Paused,
+            failed: false,
+            generation: 1,
+            desired_revision: 12,
+        });
+        assert_eq!(decide(&v), Some(Action::Release));
+        v.hand_over = false;
+        assert_eq!(decide(&v), None);
+    }
 }

@@ -20,13 +20,12 @@ use std::collections::BTreeSet;
 pub(super) const MAX_HANDING_OVER: usize = 16;
 
 /// This worker's share of `tasks` among `members` (sorted, deduplicated member
-/// keys), where `me` is this worker's own member key. A worker whose key is not
-/// (yet) among the members counts itself as the last one.
+/// keys), where `me` is this worker's own member key. A worker counts itself a
+/// member whether or not its key is seen (not yet, or its lease is gone): its own
+/// membership is the session's business, not the share's.
 pub(super) fn share(tasks: usize, members: &BTreeSet<String>, me: &str) -> usize {
-    let (count, index) = match members.iter().position(|m| m == me) {
-        Some(index) => (members.len(), index),
-        None => (members.len() + 1, members.len()),
-    };
+    let count = members.len() + usize::from(!members.contains(me));
+    let index = members.iter().filter(|m| m.as_str() < me).count();
     let base = tasks / count;
     base + usize::from(index < tasks % count)
 }
@@ -85,8 +84,10 @@ mod tests {
             .map(|m| share(30, &set, m))
             .collect();
         assert_eq!(shares, [8, 8, 7, 7]);
-        // Not yet among the members: the last of one more.
+        // Not (yet, or no longer) among the members: counted where its key sorts.
         assert_eq!(share(30, &members(&["a@1", "b@1", "c@1"]), "d@1"), 7);
+        assert_eq!(share(30, &members(&["b@1", "c@1", "d@1"]), "a@1"), 8);
+        assert_eq!(share(1, &members(&["w2@2"]), "w1@1"), 1);
     }
 
     #[test]

@@ -99,6 +99,9 @@ struct Reconciler {
     rebalance_due: bool,
     /// Tasks whose action failed to reach the store, and when to decide again.
     retry: BTreeSet<(Instant, TaskId)>,
+    /// Unowned tasks this worker would claim if it had room: decided again, as
+    /// many as there is room for, when room appears.
+    starved: BTreeSet<TaskId>,
 }
 
 /// The reconcile loop, until shutdown or the end of the lease.
@@ -141,6 +144,7 @@ pub(super) async fn reconcile(
         share: 0,
         rebalance_due: false,
         retry: BTreeSet::new(),
+        starved: BTreeSet::new(),
         inner: Arc::clone(&inner),
     };
     let state = &mut loop_state;
@@ -154,6 +158,7 @@ pub(super) async fn reconcile(
         if state.rebalance_due {
             state.rebalance();
         }
+        state.feed_the_starved();
         let mut lease = lease_now(&inner, &mut lease_rx);
         // Decide while there is room for actions; yield now and then, so that a
         // resync of many tasks does not hold the thread.
@@ -334,6 +339,21 @@ impl Reconciler {
         }
     }
 
+    /// Queues as many starved tasks as there is room for.
+    fn feed_the_starved(&mut self) {
+        if !self.view.is_known() {
+            return;
+        }
+        let held = self.slots.len() + self.claiming;
+        let room = self.inner.capacity.min(self.share).saturating_sub(held);
+        for _ in 0..room {
+            let Some(task) = self.starved.pop_first() else {
+                return;
+            };
+            self.queue.add(task);
+        }
+    }
+
     /// Whether the worker has room for one more task.
     fn capacity_left(&self) -> bool {
         let held = self.slots.len() + self.claiming;
@@ -391,6 +411,16 @@ impl Reconciler {
             hand_over: self.handing_over.contains(task),
             yielded: running_ref.is_some_and(|r| r.yielded),
         };
+        let starved = view.local.is_none()
+            && ownership == Ownership::Unowned
+            && !view.capacity_left
+            && !view.settled
+            && view.desired.is_some();
+        if starved {
+            self.starved.insert(task.clone());
+        } else {
+            self.starved.remove(task);
+        }
         let Some(action) = decide(&view) else {
             // A slot whose key is gone and that runs nothing is forgotten.
             if view.local.is_none() && ownership != Ownership::Mine {
