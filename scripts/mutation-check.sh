@@ -584,10 +584,10 @@ EOF
 # ---- the cluster: lease, fence, keys, controller, worker, etcd coordinator
 
 m32() {
-  WHERE="cluster/worker.rs: WorkerBuilder::check"
+  WHERE="cluster/worker/mod.rs: WorkerBuilder::check"
   MUTANT="the drift ρ is turned into parts per hundred instead of per thousand: the lease deadline leaves a tenth of the drift allowance"
   SUITE="--all-features --test cluster_promises the_lease_deadline"
-  edit src/cluster/worker.rs <<'EOF'
+  edit src/cluster/worker/mod.rs <<'EOF'
         let rho = (self.drift * 1000.0).ceil() as u64;
 @@@@
         let rho = (self.drift * 100.0).ceil() as u64;
@@ -595,10 +595,10 @@ EOF
 }
 
 m33() {
-  WHERE="cluster/worker.rs: Session::run"
+  WHERE="cluster/worker/session.rs: Session::run"
   MUTANT="a keep-alive answer moves the deadline to sent + TTL − stop bound, without the drift allowance"
   SUITE="--all-features --test cluster_promises the_lease_deadline"
-  edit src/cluster/worker.rs <<'EOF'
+  edit src/cluster/worker/session.rs <<'EOF'
                         decide::stop_at(sent, ttl_ms, timing.rho_permille, timing.stop_bound_ms);
 @@@@
                         decide::stop_at(sent, ttl_ms, 0, timing.stop_bound_ms);
@@ -617,13 +617,13 @@ EOF
 }
 
 m35() {
-  WHERE="cluster/worker.rs: step"
+  WHERE="cluster/worker/reconcile.rs: Reconciler::capacity_left"
   MUTANT="a worker has room while it holds as many tasks as its capacity (<= for <): it claims one task too many"
   SUITE="--all-features --test cluster_promises capacity"
-  edit src/cluster/worker.rs <<'EOF'
-        capacity_left: held < inner.capacity,
+  edit src/cluster/worker/reconcile.rs <<'EOF'
+        self.view.is_known() && held < self.inner.capacity.min(self.share)
 @@@@
-        capacity_left: held <= inner.capacity,
+        self.view.is_known() && held <= self.inner.capacity.min(self.share)
 EOF
 }
 
@@ -739,25 +739,25 @@ EOF
 }
 
 m45() {
-  WHERE="cluster/worker.rs: Session::run"
+  WHERE="cluster/worker/session.rs: Session::run"
   MUTANT="a keep-alive answered Expired ends the session without clearing the deadline: the runs go on until the old deadline and the worker never reports LeaseLost"
   SUITE="--all-features --test cluster_promises a_worker_whose_lease_is_gone"
-  edit src/cluster/worker.rs <<'EOF'
+  edit src/cluster/worker/session.rs <<'EOF'
                     lease_tx.send_replace(LeaseState { stop_at: None });
-                    inner.wake.notify_one();
+                    return;
 @@@@
-                    inner.wake.notify_one();
+                    return;
 EOF
 }
 
 m46() {
-  WHERE="cluster/worker.rs: claim"
+  WHERE="cluster/worker/reconcile.rs: Reconciler::step, Claim"
   MUTANT="a claim puts the owner key without comparing that it is absent: it overwrites another worker's claim"
   SUITE="--all-features --test cluster_promises a_claim_never_overwrites"
-  edit src/cluster/worker.rs <<'EOF'
-        when: vec![super::coord::Compare::Absent(owner.clone())],
+  edit src/cluster/worker/reconcile.rs <<'EOF'
+                    when: vec![Compare::Absent(owner.clone())],
 @@@@
-        when: vec![],
+                    when: vec![],
 EOF
 }
 
@@ -827,9 +827,9 @@ m52() {
   MUTANT="a task Paused by a failure is resumed again for the same desired revision (invariant 4 lost: a failing run is retried for ever)"
   SUITE="--all-features --lib cluster::decide"
   edit src/cluster/decide.rs <<'EOF'
-            Stage::Paused if view.acted != Some(revision) => Some(Action::Resume { revision }),
+            Stage::Paused if view.acted != Some(revision) || (view.yielded && !local.failed) => {
 @@@@
-            Stage::Paused => Some(Action::Resume { revision }),
+            Stage::Paused => {
 EOF
 }
 
@@ -851,20 +851,21 @@ m54() {
   edit src/cluster/memory.rs <<'EOF'
             for key in keys {
                 self.kvs.remove(&key);
+                self.record(WatchEvent::Delete { key, revision });
             }
 @@@@
-            let _ = keys;
+            let _ = (keys, revision);
 EOF
 }
 
 m55() {
-  WHERE="cluster/worker.rs: guard"
+  WHERE="cluster/worker/guard.rs: guard"
   MUTANT="at the lease deadline the guard finds the local runs but does not stop them (it leaves them to the reconcile loop, which may hang in a store call)"
   SUITE="--all-features --test cluster_prop a_hanging_store_cannot_hold_a_run_past_the_lease_deadline"
-  edit src/cluster/worker.rs <<'EOF'
-            drop(spawn_stop(&inner, handle));
+  edit src/cluster/worker/guard.rs <<'EOF'
+            drop(spawn_stop(&inner, task, handle));
 @@@@
-            drop(handle);
+            drop((task, handle));
 EOF
 }
 
@@ -1094,10 +1095,10 @@ EOF
 }
 
 m76() {
-  WHERE="cluster/worker.rs: Worker::shutdown"
+  WHERE="cluster/worker/mod.rs: Worker::shutdown"
   MUTANT="a clean shutdown does not revoke the lease (it is left to expire after its TTL)"
   SUITE="--all-features --test cluster_promises a_clean_shutdown"
-  edit src/cluster/worker.rs <<'EOF'
+  edit src/cluster/worker/mod.rs <<'EOF'
         let revoked = within(
             self.inner.op_timeout,
             "lease revoke",
@@ -1110,22 +1111,22 @@ EOF
 }
 
 m77() {
-  WHERE="cluster/worker.rs: wind_down"
+  WHERE="cluster/worker/reconcile.rs: Reconciler::wind_down"
   MUTANT="a clean shutdown withdraws the owner keys but leaves the reports"
   SUITE="--all-features --test cluster_promises a_clean_shutdown"
-  edit src/cluster/worker.rs <<'EOF'
-            .fenced(vec![
+  edit src/cluster/worker/reconcile.rs <<'EOF'
+            let ops = vec![
                 Op::Delete {
                     key: inner.keys.observed(&task),
                 },
                 Op::Delete {
                     key: inner.keys.owner(&task),
                 },
-            ])
+            ];
 @@@@
-            .fenced(vec![Op::Delete {
+            let ops = vec![Op::Delete {
                 key: inner.keys.owner(&task),
-            }])
+            }];
 EOF
 }
 
@@ -1221,10 +1222,10 @@ EOF
 }
 
 m85() {
-  WHERE="cluster/worker.rs: Drop for Worker"
+  WHERE="cluster/worker/mod.rs: Drop for Worker"
   MUTANT="dropping a worker ends its loops (the lease guard with them) without stopping its runs first"
   SUITE="--all-features --test cluster_prop dropping_a_worker"
-  edit src/cluster/worker.rs <<'EOF'
+  edit src/cluster/worker/mod.rs <<'EOF'
         for handle in self.inner.take_handles() {
             handle.stop_aborting();
         }
@@ -1271,7 +1272,7 @@ m89() {
   MUTANT="a stop of a task already desired Stopped writes a new desired revision (a worker rebuilds the released task to answer it)"
   SUITE="--all-features --test cluster_prop a_second_stop"
   edit src/cluster/controller.rs <<'EOF'
-            return Ok(status.desired_revision);
+            return Ok((status.desired_revision, status));
 @@@@
             // (a new revision is written)
 EOF
@@ -1345,6 +1346,90 @@ m95() {
     }
 @@@@
     fn close(&mut self) {}
+EOF
+}
+
+m96() {
+  WHERE="cluster/worker/view.rs: Entry::apply"
+  MUTANT="the cache applies a change whatever its revision: a late or duplicated watch event undoes a newer one"
+  SUITE="--features etcd --lib cluster::worker::view"
+  edit src/cluster/worker/view.rs <<'EOF'
+        if rev <= self.rev {
+            return false;
+        }
+@@@@
+        // (every change applied)
+EOF
+}
+
+m97() {
+  WHERE="cluster/worker/view.rs: View::feed, Listed"
+  MUTANT="a listing after a lost watch adds what it finds but never removes what was deleted meanwhile"
+  SUITE="--features etcd --lib cluster::worker::view"
+  edit src/cluster/worker/view.rs <<'EOF'
+                for key in gone {
+                    self.apply(prefix, key, None, revision, &mut changes);
+                }
+@@@@
+                let _ = gone;
+EOF
+}
+
+m98() {
+  WHERE="cluster/worker/queue.rs: WorkQueue::add"
+  MUTANT="a task named while its action is in flight is queued at once: two actions of one task overlap"
+  SUITE="--features etcd --lib cluster::worker::queue"
+  edit src/cluster/worker/queue.rs <<'EOF'
+        if self.in_flight.contains(&key) {
+            self.again.insert(key);
+        } else if self.queued.insert(key.clone()) {
+@@@@
+        if self.queued.insert(key.clone()) {
+EOF
+}
+
+m99() {
+  WHERE="cluster/worker/handover.rs: share"
+  MUTANT="the remainder goes to every member (<= for <): the shares add up to more than the tasks and one worker never hands over"
+  SUITE="--features etcd --lib cluster::worker::handover"
+  edit src/cluster/worker/handover.rs <<'EOF'
+    base + usize::from(index < tasks % count)
+@@@@
+    base + usize::from(index <= tasks % count)
+EOF
+}
+
+m100() {
+  WHERE="cluster/decide.rs: decide, hand-over"
+  MUTANT="a task being handed over is released while its run may still be alive (Pausing)"
+  SUITE="--features etcd --lib cluster::decide"
+  edit src/cluster/decide.rs <<'EOF'
+    if handing_over && matches!(local.stage, Stage::New | Stage::Paused) {
+@@@@
+    if handing_over && matches!(local.stage, Stage::New | Stage::Paused | Stage::Pausing) {
+EOF
+}
+
+m101() {
+  WHERE="cluster/keys.rs: Keys::checkpoints"
+  MUTANT="checkpoints go back under the watched tasks/ prefix: every unit's write wakes every worker"
+  SUITE="--features etcd --lib cluster::keys"
+  edit src/cluster/keys.rs <<'EOF'
+        format!("{}/checkpoints/{}/", self.prefix, task)
+@@@@
+        format!("{}/tasks/{}/checkpoint/", self.prefix, task)
+EOF
+}
+
+m102() {
+  WHERE="cluster/controller.rs: Controller::apply"
+  MUTANT="the wait for an answer ignores watched owner changes: a report of an owner that has since lost the task answers"
+  SUITE="--features etcd --lib cluster::controller"
+  edit src/cluster/controller.rs <<'EOF'
+            status.owner = owner.as_ref().map(|(w, _, _)| w.clone());
+            status.owner_revision = owner.as_ref().map(|(_, r, _)| *r);
+@@@@
+            let _ = &owner;
 EOF
 }
 

@@ -765,6 +765,68 @@ mod tests {
         assert!(store.txn(txn).await.unwrap().succeeded);
     }
 
+    /// A command's answer is followed from the watched changes after its write: an
+    /// owner that lost the task meanwhile does not answer, its successor does.
+    #[tokio::test(start_paused = true)]
+    async fn a_commands_answer_follows_owner_changes_seen_after_the_write() {
+        let store = MemoryCoordinator::new();
+        let controller = Controller::new(store.clone(), "app").unwrap();
+        let keys = Keys::new("app").unwrap();
+        let t = TaskId::new("t").unwrap();
+        controller
+            .create("t", Vec::new(), DesiredStage::Running)
+            .await
+            .unwrap();
+        put(&store, keys.owner(&t), b"w1@1").await;
+        let first_owner = controller.status("t").await.unwrap().owner_revision;
+        let pausing = tokio::spawn({
+            let controller = controller.clone();
+            async move { controller.pause_within("t", Duration::from_secs(5)).await }
+        });
+        // Bounded: the paused clock moves only when every task waits.
+        let desired = loop {
+            let status = controller.status("t").await.unwrap();
+            if status.desired == DesiredStage::Paused {
+                break status.desired_revision;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        // The task moves to w2; then w1's late report, then w2's.
+        let delete = Txn {
+            when: Vec::new(),
+            then: vec![Op::Delete {
+                key: keys.owner(&t),
+            }],
+        };
+        store.txn(delete).await.unwrap();
+        put(&store, keys.owner(&t), b"w2@2").await;
+        let second_owner = controller.status("t").await.unwrap().owner_revision;
+        let report = |owner: &str, owner_revision: Option<i64>| ObservedStatus {
+            stage: crate::Stage::Paused,
+            generation: 1,
+            outcome: crate::cluster::ObservedOutcome::Cancelled,
+            desired_revision: desired,
+            owner: WorkerId::new(owner).unwrap(),
+            owner_revision: owner_revision.unwrap(),
+        };
+        put(
+            &store,
+            keys.observed(&t),
+            &report("w1", first_owner).encode(),
+        )
+        .await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!pausing.is_finished(), "a deposed owner's report answered");
+        put(
+            &store,
+            keys.observed(&t),
+            &report("w2", second_owner).encode(),
+        )
+        .await;
+        let answer = pausing.await.unwrap().unwrap();
+        assert_eq!(answer.owner.as_str(), "w2");
+    }
+
     #[tokio::test(start_paused = true)]
     async fn list_reads_every_task_sorted_and_as_status_does() {
         let store = MemoryCoordinator::new();
