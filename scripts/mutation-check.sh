@@ -861,7 +861,7 @@ EOF
 m55() {
   WHERE="cluster/worker/guard.rs: guard"
   MUTANT="at the lease deadline the guard finds the local runs but does not stop them (it leaves them to the reconcile loop, which may hang in a store call)"
-  SUITE="--all-features --test cluster_prop a_hanging_store_cannot_hold_a_run_past_the_lease_deadline"
+  SUITE="--all-features --test cluster_promises the_guard_stops_runs_at_the_deadline"
   edit src/cluster/worker/guard.rs <<'EOF'
             drop(spawn_stop(&inner, task, handle));
 @@@@

@@ -555,3 +555,57 @@ async fn creating_an_existing_task_is_refused_and_writes_nothing() {
         Some(&b"first"[..])
     );
 }
+
+/// The guard stops every run at the lease deadline even while the reconcile loop
+/// is held up: here a factory blocks the loop's thread past the deadline (the loop
+/// never waits for the store, but it does run the user's factory), and the run of
+/// another task must still be gone within the stop bound after the deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_guard_stops_runs_at_the_deadline_while_the_loop_is_held_up() {
+    let store = MemoryCoordinator::new();
+    let counters: Counters = Default::default();
+    let (alive, most) = (Arc::clone(&counters.0), Arc::clone(&counters.1));
+    let stop_bound = Duration::from_millis(600);
+    let worker = Worker::builder(store.clone(), "held", "w1")
+        .ttl(Duration::from_secs(2))
+        .stop_bound(stop_bound)
+        .join(move |spec| {
+            if spec.task.as_str() == "slow" {
+                // User code that blocks its thread well past the lease deadline.
+                std::thread::sleep(Duration::from_secs(4));
+            }
+            Ok(Task::builder(spec.task.as_str()).unit(Counted {
+                alive: Arc::clone(&alive),
+                most: Arc::clone(&most),
+            }))
+        })
+        .await
+        .expect("join on the in-memory store");
+    let controller = Controller::new(store.clone(), "held").expect("a controller");
+    controller
+        .create("a", Vec::new(), DesiredStage::Running)
+        .await
+        .expect("create");
+    controller
+        .resume_within("a", Duration::from_secs(5))
+        .await
+        .expect("running on w1");
+    assert_eq!(counters.0.load(Ordering::SeqCst), 1);
+    // No keep-alive is answered from now on: the deadline stays where it is.
+    store.fail_keep_alives(worker.lease(), true);
+    let deadline = worker.stop_deadline().expect("a lease deadline");
+    controller
+        .create("slow", Vec::new(), DesiredStage::Running)
+        .await
+        .expect("create");
+    let limit = deadline + stop_bound + Duration::from_millis(200);
+    // Bounded by `limit`, polling every 10 ms.
+    while counters.0.load(Ordering::SeqCst) > 0 {
+        assert!(
+            tokio::time::Instant::now() < limit,
+            "a run outlived the lease deadline by more than the stop bound while the loop was held up"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    drop(worker);
+}
