@@ -860,7 +860,7 @@ EOF
 
 m55() {
   WHERE="cluster/worker/guard.rs: guard"
-  MUTANT="at the lease deadline the guard finds the local runs but does not stop them (it leaves them to the reconcile loop, which may hang in a store call)"
+  MUTANT="at the lease deadline the guard finds the local runs but does not stop them (it leaves them to the reconcile loop, which a blocking factory may hold up)"
   SUITE="--all-features --test cluster_promises the_guard_stops_runs_at_the_deadline"
   edit src/cluster/worker/guard.rs <<'EOF'
             drop(spawn_stop(&inner, task, handle));
