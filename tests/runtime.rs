@@ -916,3 +916,54 @@ async fn a_close_that_panics_neither_sticks_the_task_nor_skips_the_other_closes(
     })
     .await;
 }
+/// A task whose runtime shut down while it was Paused takes a resume without
+/// hanging in Resuming: the start that can never run (its spawn on the runtime that
+/// is gone is dropped unpolled) is reported as cancelled with its unit back in its
+/// slot, and a stop still closes the unit and reaches Stopped. The unit used to be
+/// lost with the dropped spawn, and never closed.
+#[test]
+fn a_resume_after_the_runtime_shut_down_leaves_no_stage_stuck() {
+    let live = Live::new();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (handle, remote) = runtime.block_on(async {
+        let (unit, remote) = scripted("load", &live);
+        let handle = Task::builder("t").unit(unit).spawn().unwrap();
+        handle.wait_for_stage(|s| s == Stage::Running).await;
+        assert_eq!(handle.pause().await.unwrap(), Stage::Paused);
+        (handle, remote)
+    });
+    // A bounded wait is the failure condition here, not synchronisation.
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        drop(runtime);
+        done_tx.send(()).unwrap();
+    });
+    done_rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("runtime shutdown hung");
+    let other = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    other.block_on(async {
+        handle.resume().await.unwrap();
+        let snap = handle.snapshot();
+        assert_eq!(
+            snap.stage,
+            Stage::Paused,
+            "the resume's start was never reported"
+        );
+        let error = snap.outcome.as_ref().and_then(Outcome::error).unwrap();
+        assert!(error.is_unrequested_cancel(), "{error}");
+        let stopped = tokio::time::timeout(Duration::from_secs(10), handle.stop())
+            .await
+            .expect("the stop hung");
+        assert_eq!(stopped.unwrap(), Stage::Stopped);
+    });
+    assert_eq!(remote.closed(), 1, "the unit was not closed");
+    assert_eq!(live.now(), 0);
+}
