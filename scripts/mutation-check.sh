@@ -1433,6 +1433,17 @@ m102() {
 EOF
 }
 
+m103() {
+  WHERE="lifecycle/driver.rs: ExitGuard::drop"
+  MUTANT="a start dropped unpolled (a spawn on a runtime that has shut down) loses its unit, which a later stop can no longer close"
+  SUITE="--test runtime a_resume_after_the_runtime_shut_down"
+  edit src/lifecycle/driver.rs <<'EOF'
+            let held = self.held.take();
+@@@@
+            let held = self.held.take().and(None);
+EOF
+}
+
 ALL=$(declare -F | awk '$3 ~ /^m[0-9]+$/ { print substr($3, 2) }' | sort -n | tr '\n' ' ')
 SELECTED=${MUTANTS:-$ALL}
 for n in $SELECTED; do

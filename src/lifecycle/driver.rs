@@ -390,10 +390,12 @@ fn close_one<K, C, U: Work<K, C>>(unit: &mut U) {
     }
 }
 
-/// Reports a cancelled exit, with the unit lost, if the future of a check or run is
-/// dropped before it reported (a runtime shutting down drops its tasks). Declared
-/// first in [`run`], so it is dropped last: after the unit and the run's future
-/// (invariant 2).
+/// Reports a cancelled exit if the future of a check or run is dropped before it
+/// reported (a runtime shutting down drops its tasks). Declared first in [`run`], so
+/// it is dropped last: after the unit and the run's future (invariant 2). Until the
+/// future is first polled it holds the unit, so a start dropped unpolled (a spawn
+/// on a runtime that has shut down) hands the unit back to its slot, where a stop
+/// still closes it; dropped mid-run, the unit is lost with the run's future.
 struct ExitGuard<K, C, U, R>
 where
     K: CancelHandle,
@@ -405,6 +407,7 @@ where
     kind: StartKind,
     generation: u64,
     armed: bool,
+    held: Option<U>,
 }
 
 impl<K, C, U, R> Drop for ExitGuard<K, C, U, R>
@@ -417,9 +420,10 @@ where
     fn drop(&mut self) {
         if self.armed {
             self.armed = false;
+            let held = self.held.take();
             let applied = self
                 .driver
-                .report(self.kind, self.generation, Exit::Cancelled, None);
+                .report(self.kind, self.generation, Exit::Cancelled, held);
             Driver::carry_out_in_run(&self.driver, applied);
         }
     }
@@ -474,13 +478,16 @@ where
     R: Runtime,
 {
     // Made before the future is first polled and moved into it: a future dropped
-    // unpolled (a runtime shutting down right after the spawn) drops its captures, so
-    // the guard still reports the start (invariant 4), with the unit lost.
+    // unpolled (a runtime shutting down right after the spawn, or a spawn on one
+    // that has shut down) drops its captures, so the guard still reports the start
+    // (invariant 4), and hands the unit it holds back to its slot.
+    let mut start = start;
     let guard = ExitGuard {
         driver: Arc::clone(&driver),
         kind: start.kind,
         generation: start.generation,
         armed: true,
+        held: start.held.take(),
     };
     run_armed(driver, start, guard)
 }
@@ -499,6 +506,8 @@ async fn run_armed<K, C, U, R>(
     driver
         .installed
         .store(start.generation, crate::sync::Ordering::SeqCst);
+    // The unit leaves the guard at the first poll (see ExitGuard).
+    start.held = guard.held.take();
     loop {
         let Some(mut unit) = start.held.take() else {
             guard.armed = false;
