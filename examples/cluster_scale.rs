@@ -495,17 +495,19 @@ fn worker_main(args: &[String]) -> ExitCode {
     runtime.block_on(async move {
         // Bounded: at most 1,000 joins; the run ends the process long before.
         for _ in 0..1_000 {
-            let coord =
-                match EtcdCoordinator::connect(args.endpoints.clone(), EtcdOptions::default())
-                    .await
-                {
-                    Ok(coord) => coord,
-                    Err(error) => {
-                        eprintln!("worker {}: connect failed: {error}", args.id);
-                        tokio::time::sleep(Duration::from_millis(500)).await;
-                        continue;
-                    }
-                };
+            let coord = match EtcdCoordinator::connect(
+                args.endpoints.clone(),
+                EtcdOptions::default(),
+            )
+            .await
+            {
+                Ok(coord) => coord,
+                Err(error) => {
+                    eprintln!("worker {}: connect failed: {error}", args.id);
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    continue;
+                }
+            };
             let factory = {
                 let (id, recorder, writes) =
                     (args.id.clone(), Arc::clone(&recorder), writes_rx.clone());
@@ -672,7 +674,8 @@ impl Run {
                 .filter(|s| tasks.is_none_or(|t| t.iter().any(|t| t == s.task.as_str())))
                 .filter(|s| {
                     !running(s)
-                        || owner_not.is_some_and(|o| s.owner.as_ref().map(|w| w.as_str()) == Some(o))
+                        || owner_not
+                            .is_some_and(|o| s.owner.as_ref().map(|w| w.as_str()) == Some(o))
                 })
                 .collect();
             let counted = match tasks {
@@ -822,7 +825,9 @@ async fn run(options: &Options, figures: &mut Figures, dir: &Path) -> Result<(),
     let (_etcd, endpoints) = match std::env::var("ETCD_ENDPOINTS") {
         Ok(list) if !list.trim().is_empty() => (
             None,
-            list.split(',').map(|e| e.trim().to_owned()).collect::<Vec<_>>(),
+            list.split(',')
+                .map(|e| e.trim().to_owned())
+                .collect::<Vec<_>>(),
         ),
         _ => {
             let cluster = EtcdCluster::start_or_skip(3).ok_or(ScaleError::NoEtcd)?;
@@ -953,7 +958,9 @@ async fn phases(run: &mut Run, figures: &mut Figures) -> Result<(), ScaleError> 
     ));
 
     // 3. Pauses.
-    let pauses = run.pauses(&spread(&run.tasks, run.options.pauses, 0)).await?;
+    let pauses = run
+        .pauses(&spread(&run.tasks, run.options.pauses, 0))
+        .await?;
     figures.pause_p50 = quantile(&pauses, 0.5);
     figures.pause_p99 = quantile(&pauses, 0.99);
     run.note(&format!(
