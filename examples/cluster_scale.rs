@@ -59,7 +59,6 @@ use taskstage::{RunContext, RunError, RunExit, Stage, Task, Unit};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-#[allow(dead_code, unreachable_pub)] // reason: the harness's parts this run does not use
 #[path = "../tests/cluster_support/mod.rs"]
 mod harness;
 
@@ -78,8 +77,9 @@ const MAX_WRITERS: usize = 1_000;
 const REBALANCE_BOUND: Duration = Duration::from_secs(60);
 /// The balance a rebalance must reach (most tasks per worker over fewest).
 const BALANCE_GOAL: f64 = 1.25;
-/// The bound of each pause and each resume.
-const COMMAND_BOUND: Duration = Duration::from_secs(30);
+/// The bound of each pause and each resume: generous, since a debug build of a
+/// worker that re-lists every task has taken 29 s for one pause under writes.
+const COMMAND_BOUND: Duration = Duration::from_secs(60);
 /// The bound of a takeover beyond the lease TTL.
 const TAKEOVER_BOUND: Duration = Duration::from_secs(120);
 /// The bound of any wait of the set-up (a worker registered, the tasks created).
@@ -596,7 +596,24 @@ fn running(status: &TaskStatus) -> bool {
         && status.current_observed().map(|o| o.stage) == Some(Stage::Running)
 }
 
+impl Drop for Run {
+    /// Also when the run is interrupted (Ctrl-C drops it): the checker must know
+    /// that the runs of a killed process ended.
+    fn drop(&mut self) {
+        self.kill_all();
+    }
+}
+
 impl Run {
+    /// Kills every worker process by pid, each recorded once it is reaped.
+    fn kill_all(&mut self) {
+        for proc in std::mem::take(&mut self.procs) {
+            let pid = proc.child.pid();
+            drop(proc);
+            self.recorder.fault(Fault::Killed, pid);
+        }
+    }
+
     fn note(&self, line: &str) {
         say(&format!(
             "{:>7.2} s  {line}",
@@ -875,12 +892,7 @@ async fn run(options: &Options, figures: &mut Figures, dir: &Path) -> Result<(),
             );
         }
     }
-    let procs = std::mem::take(&mut run.procs);
-    for proc in procs {
-        let pid = proc.child.pid();
-        drop(proc);
-        run.recorder.fault(Fault::Killed, pid);
-    }
+    run.kill_all();
     result
 }
 
@@ -1070,7 +1082,18 @@ async fn phases(run: &mut Run, figures: &mut Figures) -> Result<(), ScaleError> 
     let list = run
         .until_running("all running before the takeover", None, bound, None)
         .await?;
-    let Some((victim, _)) = counts.iter().max_by_key(|(_, held)| *held).cloned() else {
+    let ids = run.worker_ids();
+    let Some((victim, _)) = ids
+        .iter()
+        .map(|w| {
+            let held = list
+                .iter()
+                .filter(|s| s.owner.as_ref().map(|o| o.as_str()) == Some(w.as_str()))
+                .count();
+            (w.clone(), held)
+        })
+        .max_by_key(|(_, held)| *held)
+    else {
         return Ok(());
     };
     let held: Vec<String> = list
@@ -1099,6 +1122,19 @@ async fn phases(run: &mut Run, figures: &mut Figures) -> Result<(), ScaleError> 
         killed.elapsed().as_secs_f64()
     ));
     Ok(())
+}
+
+/// How many times the worker processes joined again (their logs say so each time).
+fn rejoins(dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "log"))
+        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+        .map(|text| text.lines().filter(|l| l.contains("joining again")).count())
+        .sum()
 }
 
 /// Runs the scale run, then the history checker; prints the figures last.
@@ -1157,6 +1193,10 @@ fn scale_main(args: &[String]) -> ExitCode {
             ok = false;
         }
     }
+    eprintln!(
+        "cluster_scale: worker processes joined again after losing their lease {} times",
+        rejoins(&dir)
+    );
     if ok {
         let _ = std::fs::remove_dir_all(&dir);
     } else {

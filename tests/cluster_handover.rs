@@ -550,8 +550,18 @@ async fn a_joining_worker_gets_its_share_by_graceful_hand_over() {
         balance(&counts)
     );
 
-    // Every task ends observed Running; the end is recorded for rule 3.
-    let end = fleet.list().await.expect("read every task at the end");
+    // Every task ends observed Running (a hand-over may still be under way: up to
+    // SETUP for them to settle); the end is recorded for rule 3.
+    let settle = Instant::now() + SETUP;
+    // Bounded by `settle`, polling every 100 ms.
+    let end = loop {
+        let list = fleet.list().await.unwrap_or_default();
+        if (list.len() == TASKS && list.iter().all(running)) || Instant::now() >= settle {
+            break list;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(end.len(), TASKS, "every task read at the end: {end:?}");
     for status in &end {
         fleet.recorder.end(
             status.task.as_str(),
