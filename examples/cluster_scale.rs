@@ -87,6 +87,8 @@ const SETUP_BOUND: Duration = Duration::from_secs(60);
 /// How soon after a thaw a frozen owner must drop its run (the checker's allowance;
 /// nothing is frozen here, so it never applies).
 const THAW_ALLOWANCE: Duration = Duration::from_millis(1_500);
+/// How often a wait for every task says how far it got.
+const PROGRESS: Duration = Duration::from_secs(10);
 /// How often the controller reads the task list while it waits for a state.
 const POLL: Duration = Duration::from_millis(250);
 
@@ -680,6 +682,7 @@ impl Run {
         owner_not: Option<&str>,
     ) -> Result<Vec<TaskStatus>, ScaleError> {
         let deadline = Instant::now() + bound;
+        let mut next_note = Instant::now() + PROGRESS;
         // Bounded by the deadline.
         loop {
             let list = self
@@ -708,6 +711,13 @@ impl Run {
             };
             if pending.is_empty() && seen == counted {
                 return Ok(list);
+            }
+            if Instant::now() >= next_note {
+                self.note(&format!(
+                    "{phase}: {} of {counted} tasks observed Running",
+                    seen - pending.len().min(seen)
+                ));
+                next_note = Instant::now() + PROGRESS;
             }
             if Instant::now() >= deadline {
                 let first: Vec<String> = pending
