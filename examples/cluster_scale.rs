@@ -906,11 +906,25 @@ async fn run(options: &Options, figures: &mut Figures, dir: &Path) -> Result<(),
     result
 }
 
+/// Every phase in turn; a phase that does not complete within its bound ends the run.
 async fn phases(run: &mut Run, figures: &mut Figures) -> Result<(), ScaleError> {
+    let writers = create_tasks(run).await?;
+    let bound = SETUP_BOUND + Duration::from_millis(20 * run.options.tasks as u64);
+    all_running(run, figures, bound).await?;
+    rest(run, figures).await;
+    pauses(run, figures).await?;
+    writes(run, figures, writers).await?;
+    rebalance(run, figures, bound).await?;
+    takeover(run, figures, bound).await
+}
+
+/// Creates every task, 64 at a time; the first min(1,000, N) are writers. Returns
+/// how many writers there are.
+async fn create_tasks(run: &Run) -> Result<usize, ScaleError> {
     let n = run.options.tasks;
     let writers = n.min(MAX_WRITERS);
-    // Create every task, 64 at a time.
-    let deadline = Instant::now() + SETUP_BOUND + Duration::from_millis(10 * n as u64);
+    let bound = SETUP_BOUND + Duration::from_millis(10 * n as u64);
+    let deadline = Instant::now() + bound;
     for chunk in run.tasks.chunks(64).map(<[String]>::to_vec) {
         let mut set = tokio::task::JoinSet::new();
         for task in chunk {
@@ -925,35 +939,46 @@ async fn phases(run: &mut Run, figures: &mut Figures) -> Result<(), ScaleError> 
             });
         }
         while let Some(joined) = set.join_next().await {
-            let Ok((task, made)) = joined else {
-                continue;
-            };
+            let (task, made) = joined.map_err(|e| ScaleError::Io {
+                what: "create a task".into(),
+                source: std::io::Error::other(e),
+            })?;
             made.map_err(cluster(format!("create {task}")))?;
         }
         if Instant::now() >= deadline {
             return Err(ScaleError::Timeout {
                 phase: "creating the tasks",
-                bound: SETUP_BOUND,
+                bound,
                 detail: String::new(),
             });
         }
     }
     run.note(&format!("{n} tasks created ({writers} of them writers)"));
+    Ok(writers)
+}
 
-    // 1. All running.
+/// Phase 1: from the start of the worker processes until every task is observed
+/// Running.
+async fn all_running(
+    run: &mut Run,
+    figures: &mut Figures,
+    bound: Duration,
+) -> Result<(), ScaleError> {
     let spawned = Instant::now();
     for _ in 0..run.options.workers {
         run.spawn_worker()?;
     }
-    let bound = SETUP_BOUND + Duration::from_millis(20 * n as u64);
     run.until_running("all running", None, bound, None).await?;
     figures.all_running = Some(spawned.elapsed());
     run.note(&format!(
         "every task observed Running {:.2} s after the workers started",
         spawned.elapsed().as_secs_f64()
     ));
+    Ok(())
+}
 
-    // 2. Rest.
+/// Phase 2: store reads and CPU per worker over [`WINDOW`], right after phase 1.
+async fn rest(run: &Run, figures: &mut Figures) {
     let ticks = clock_ticks_per_second();
     let (reads0, cpu0, t0) = (run.reads(), run.cpu(), Instant::now());
     tokio::time::sleep(WINDOW).await;
@@ -978,8 +1003,10 @@ async fn phases(run: &mut Run, figures: &mut Figures) -> Result<(), ScaleError> 
             .map(|c| (c * 10.0).round() / 10.0)
             .collect::<Vec<_>>()
     ));
+}
 
-    // 3. Pauses.
+/// Phase 3: timed cluster-wide pauses of tasks spread over the ids.
+async fn pauses(run: &Run, figures: &mut Figures) -> Result<(), ScaleError> {
     let pauses = run
         .pauses(&spread(&run.tasks, run.options.pauses, 0))
         .await?;
@@ -992,8 +1019,12 @@ async fn phases(run: &mut Run, figures: &mut Figures) -> Result<(), ScaleError> 
         or_dash(figures.pause_p99, millis),
         or_dash(pauses.iter().max().copied(), millis)
     ));
+    Ok(())
+}
 
-    // 4. Writes.
+/// Phase 4: the writers write; accepted writes per second, then timed pauses of
+/// writers while they write.
+async fn writes(run: &mut Run, figures: &mut Figures, writers: usize) -> Result<(), ScaleError> {
     for proc in &mut run.procs {
         proc.say("writes on");
     }
@@ -1010,6 +1041,7 @@ async fn phases(run: &mut Run, figures: &mut Figures) -> Result<(), ScaleError> 
         proc.say("writes off");
     }
     let under = under?;
+    let workers = run.procs.len() as f64;
     figures.pause_p99_under_writes = quantile(&under, 0.99);
     run.note(&format!(
         "{writers} writers: {accepted} fenced writes accepted in {window:.1} s, {} range reads \
@@ -1022,8 +1054,15 @@ async fn phases(run: &mut Run, figures: &mut Figures) -> Result<(), ScaleError> 
         or_dash(quantile(&under, 0.5), millis),
         or_dash(figures.pause_p99_under_writes, millis),
     ));
+    Ok(())
+}
 
-    // 5. Rebalance: one more worker joins.
+/// Phase 5: one more worker joins; the time until the balance is reached.
+async fn rebalance(
+    run: &mut Run,
+    figures: &mut Figures,
+    bound: Duration,
+) -> Result<(), ScaleError> {
     let before = run
         .until_running("all running before the rebalance", None, bound, None)
         .await?;
@@ -1087,8 +1126,12 @@ async fn phases(run: &mut Run, figures: &mut Figures) -> Result<(), ScaleError> 
     run.note(&format!(
         "rebalance: {reached} ({moved} tasks moved); tasks per worker {counts:?}"
     ));
+    Ok(())
+}
 
-    // 6. Takeover: the busiest worker killed.
+/// Phase 6: the busiest worker killed with SIGKILL; the time until each of its
+/// tasks is observed Running on another worker.
+async fn takeover(run: &mut Run, figures: &mut Figures, bound: Duration) -> Result<(), ScaleError> {
     let list = run
         .until_running("all running before the takeover", None, bound, None)
         .await?;
@@ -1123,8 +1166,8 @@ async fn phases(run: &mut Run, figures: &mut Figures) -> Result<(), ScaleError> 
         "killed worker {victim} (pid {pid}) with SIGKILL, holding {} tasks",
         held.len()
     ));
-    let bound = run.options.ttl + TAKEOVER_BOUND;
-    run.until_running("takeover", Some(&held), bound, Some(&victim))
+    let takeover_bound = run.options.ttl + TAKEOVER_BOUND;
+    run.until_running("takeover", Some(&held), takeover_bound, Some(&victim))
         .await?;
     figures.takeover = Some(killed.elapsed());
     run.note(&format!(
