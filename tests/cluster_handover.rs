@@ -303,12 +303,13 @@ struct Report {
     token: i64,
 }
 
-/// etcd's history of each task's owner key and reports, from revision 1 (the test
-/// cluster never compacts): per task, in revision order, `Ok(report)` or
-/// `Err((revision, Some((create revision, value))))` for an owner key written
-/// (`None`: deleted).
+/// A change of a task's owner key in etcd's history: its revision, and the key's
+/// create revision and value (`None`: deleted).
 type OwnerEvent = (i64, Option<(i64, String)>);
 
+/// etcd's history of each task's owner key and reports, from revision 1 (the test
+/// cluster never compacts) to the revision current when it is called: per task, in
+/// revision order, `Ok(report)` or `Err(owner key change)`.
 async fn replay(endpoints: &[String]) -> BTreeMap<String, Vec<Result<Report, OwnerEvent>>> {
     use etcd_client::{Client, EventType, GetOptions, WatchOptions};
     let mut client = Client::connect(endpoints, None)
@@ -384,6 +385,14 @@ async fn replay(endpoints: &[String]) -> BTreeMap<String, Vec<Result<Report, Own
             };
             history.entry(task.to_owned()).or_default().push(entry);
         }
+    }
+    // Within one revision (one transaction), a report before an owner key's change:
+    // an owner may report and release in one transaction, in either order.
+    for events in history.values_mut() {
+        events.sort_by_key(|e| match e {
+            Ok(report) => (report.revision, 0),
+            Err((revision, _)) => (*revision, 1),
+        });
     }
     history
 }
