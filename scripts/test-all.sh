@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test of the crate: unit, integration, property, compile-fail, doc tests,
 # the examples' own tests, the benchmarks in test mode, the testing kit's dogfood, the
-# cluster's etcd integration, fault and nemesis suites, the command line's tests, and
-# the loom models.
+# cluster's etcd integration, fault, hand-over and nemesis suites, the command line's
+# tests, the cluster's scale run at 1,000 tasks, and the loom models.
 #
 # On two cores the suites run side by side where they can: once every test target is
 # built, the loom models (their own cfg and target dir, release mode) build and run in
@@ -78,6 +78,17 @@ while IFS=$'\t' read -r label exe; do
   "$exe" || failed+=("$label")
 done <"$built"
 rm -f "$built"
+
+echo "== the scale run: 1,000 tasks, 3 worker processes (examples/cluster_scale.rs, debug) =="
+# Built with the features of the build above, so only the example itself compiles.
+# It prints its figures last; it fails only when a rule of the history checker broke
+# (two runs of a task alive at once, among others) or a phase did not complete within
+# its bound, never because a figure is slow. Without etcd it fails (it never skips).
+# 20 pauses per pause phase rather than the documented run's 50: in a debug build a
+# cluster-wide pause of the re-listing worker takes 1-8 s at 1,000 tasks, and the 60
+# pauses saved are minutes of CI.
+cargo run --all-features --example cluster_scale -- --tasks 1000 --workers 3 --pauses 20 \
+  || failed+=("the scale run (examples/cluster_scale.rs)")
 
 names=("compile-fail and doc tests" "loom models")
 logs_of=("$logs/side" "$logs/loom")

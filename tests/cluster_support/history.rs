@@ -642,10 +642,12 @@ impl History {
         paths.sort();
         for path in paths {
             let text = std::fs::read_to_string(&path).map_err(|e| read(&path, e))?;
+            // Counted once: a file of a scale run holds tens of thousands of lines.
+            let lines = text.lines().count();
             for (i, line) in text.lines().enumerate() {
                 // A process killed mid-line leaves at most its last line cut short:
                 // an empty or cut last line is not an error.
-                let cut = i + 1 == text.lines().count() && !text.ends_with('\n');
+                let cut = i + 1 == lines && !text.ends_with('\n');
                 if line.is_empty() || history.add(line).is_some() || cut {
                     continue;
                 }
