@@ -7,6 +7,7 @@ use tokio::time::Instant;
 
 use super::coord::{
     next_message, Compare, Coordinator, KeyValue, Listing, Op, Txn, WatchEvent, WatchMessage,
+    WatchStream,
 };
 use super::error::ClusterError;
 use super::fence::within;
@@ -174,20 +175,35 @@ impl Controller {
         desired: DesiredStage,
     ) -> Result<i64, ClusterError> {
         let task = TaskId::new(task)?;
-        self.set(&task, desired, "set desired")
+        self.set(&task, desired, "set desired", false)
             .await
-            .map(|(revision, _)| revision)
+            .map(|set| set.revision)
     }
 
     /// Writes the desired stage, compared with the one just read; returns the
-    /// desired revision to wait for and the status read before the write.
+    /// desired revision to wait for and the status read before the write, and, when
+    /// `follow`, a watch of the task's keys opened before the read.
+    ///
+    /// Opened before the read, from the store's head on, the watch misses nothing
+    /// after the read, and etcd sends each change as it happens; a watch opened later
+    /// from a revision already past (any write anywhere moves the revision) is served
+    /// by etcd's catch-up loop, which runs every 100 ms.
     async fn set(
         &self,
         task: &TaskId,
         desired: DesiredStage,
         command: &'static str,
-    ) -> Result<(i64, TaskStatus), ClusterError> {
+        follow: bool,
+    ) -> Result<Set, ClusterError> {
         let task = task.clone();
+        let watch = if follow {
+            let dir = self.keys.task_dir(&task);
+            within(self.op_timeout, "watch task", self.coord.watch(dir, 0))
+                .await
+                .ok()
+        } else {
+            None
+        };
         let status = self.status_of(&task).await?;
         if status.desired == DesiredStage::Stopped {
             if desired != DesiredStage::Stopped {
@@ -197,7 +213,11 @@ impl Controller {
             // task's terminal report does not answer, and a worker would claim and
             // rebuild the released task only to answer it. The first stop's revision
             // is the one to wait for.
-            return Ok((status.desired_revision, status));
+            return Ok(Set {
+                revision: status.desired_revision,
+                before: status,
+                watch,
+            });
         }
         let key = self.keys.desired(&task);
         let txn = Txn {
@@ -210,7 +230,11 @@ impl Controller {
         };
         let result = within(self.op_timeout, "set desired", self.coord.txn(txn)).await?;
         if result.succeeded {
-            Ok((result.revision, status))
+            Ok(Set {
+                revision: result.revision,
+                before: status,
+                watch,
+            })
         } else {
             Err(ClusterError::Conflict { command, task })
         }
@@ -327,9 +351,16 @@ impl Controller {
         let started = Instant::now();
         let deadline = started + timeout;
         let task = TaskId::new(task)?;
-        let (revision, before) = self.set(&task, desired, command).await?;
-        self.wait_answer(before, revision, command, started, deadline)
-            .await
+        let set = self.set(&task, desired, command, true).await?;
+        self.wait_answer(
+            set.before,
+            set.watch,
+            set.revision,
+            command,
+            started,
+            deadline,
+        )
+        .await
     }
 
     /// Waits until the current owner's report answers desired revision `revision`.
@@ -350,7 +381,7 @@ impl Controller {
         let task = TaskId::new(task)?;
         let started = Instant::now();
         let status = self.status_of(&task).await?;
-        self.wait_answer(status, revision, "wait", started, started + timeout)
+        self.wait_answer(status, None, revision, "wait", started, started + timeout)
             .await
     }
 
@@ -361,6 +392,7 @@ impl Controller {
     async fn wait_answer(
         &self,
         mut status: TaskStatus,
+        mut opened: Option<WatchStream>,
         revision: i64,
         command: &'static str,
         started: Instant,
@@ -386,16 +418,21 @@ impl Controller {
                 });
             }
             let dir = self.keys.task_dir(&task);
-            let opened = tokio::time::timeout_at(
-                deadline,
-                within(
-                    self.op_timeout,
-                    "watch task",
-                    self.coord.watch(dir, status.revision + 1),
-                ),
-            )
-            .await;
-            let mut stream = match opened {
+            let opening = match opened.take() {
+                Some(stream) => Ok(Ok(stream)),
+                None => {
+                    tokio::time::timeout_at(
+                        deadline,
+                        within(
+                            self.op_timeout,
+                            "watch task",
+                            self.coord.watch(dir, status.revision + 1),
+                        ),
+                    )
+                    .await
+                }
+            };
+            let mut stream = match opening {
                 Ok(Ok(stream)) => stream,
                 Err(_) => continue, // the deadline: answered above
                 Ok(Err(error)) => {
@@ -405,6 +442,9 @@ impl Controller {
                     continue;
                 }
             };
+            // A watch opened before the read may deliver changes the read already
+            // holds: only those after it are applied.
+            let mut applied = status.revision;
             // Bounded by the deadline: each message is applied or ends the watch.
             loop {
                 let message =
@@ -417,9 +457,13 @@ impl Controller {
                         revision: head,
                         events,
                     })) => {
-                        for event in &events {
+                        let newer = events.iter().filter(|e| e.revision() > applied);
+                        let mut last = applied;
+                        for event in newer {
                             self.apply(&mut status, event)?;
+                            last = last.max(event.revision());
                         }
+                        applied = last;
                         status.revision = status.revision.max(head);
                         if status.answers(revision) {
                             break;
@@ -671,6 +715,16 @@ impl Controller {
             last: None,
         })
     }
+}
+
+/// What [`Controller::set`] did.
+struct Set {
+    /// The desired revision to wait for.
+    revision: i64,
+    /// The task as read before the write.
+    before: TaskStatus,
+    /// A watch of the task's keys from `before`, if asked for and opened.
+    watch: Option<WatchStream>,
 }
 
 fn decode_desired(key: &str, kv: &KeyValue) -> Result<DesiredStage, ClusterError> {

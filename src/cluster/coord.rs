@@ -248,8 +248,8 @@ pub trait Coordinator: Send + Sync + 'static {
     fn txn(&self, txn: Txn) -> BoxFuture<'_, Result<TxnResult, ClusterError>>;
 
     /// Watches every key under `prefix`, from revision `from` on (changes at `from`
-    /// included): the changes already made since `from` come first, then each new
-    /// one, in revision order. When `from` is older than the history the store keeps,
+    /// included; `from` 0: from the next change on): the changes already made since
+    /// `from` come first, then each new one, in revision order. When `from` is older than the history the store keeps,
     /// the stream yields [`WatchMessage::Compacted`] and ends. The watch is not
     /// bounded in time: the stream ends (or yields an error) when it is lost.
     ///

@@ -559,9 +559,10 @@ impl Coordinator for EtcdCoordinator {
 
     fn watch(&self, prefix: String, from: i64) -> BoxFuture<'_, Result<WatchStream, ClusterError>> {
         Box::pin(async move {
-            let options = WatchOptions::new()
-                .with_prefix()
-                .with_start_revision(from.max(1));
+            let mut options = WatchOptions::new().with_prefix();
+            if from > 0 {
+                options = options.with_start_revision(from);
+            }
             let stream = self
                 .call("watch", |mut c| {
                     let prefix = prefix.clone();

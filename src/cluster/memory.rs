@@ -447,6 +447,12 @@ impl Coordinator for MemoryCoordinator {
             self.with("watch", |_| Ok(()))?;
             let (tx, stream) = watch_channel(64);
             let store = self.clone();
+            // From 0: from the next change on.
+            let from = if from > 0 {
+                from
+            } else {
+                self.lock().revision + 1
+            };
             let mut revisions = self.inner.revision.subscribe();
             let mut cuts = self.inner.cuts.subscribe();
             cuts.borrow_and_update();
