@@ -222,18 +222,19 @@ pub(super) async fn reconcile(
 impl Reconciler {
     /// Applies a reflector's message to the cache and queues what it changed.
     fn feed(&mut self, feed: Feed) {
-        let listed = matches!(feed, Feed::Listed { .. });
         let changes = self.view.feed(feed);
-        self.changed(changes, listed);
+        self.changed(changes);
     }
 
-    fn changed(&mut self, changes: Changes, listed: bool) {
+    fn changed(&mut self, changes: Changes) {
         if changes.members {
             self.rebalance_due = true;
         }
         let mut tasks = changes.tasks;
-        if listed {
-            // Workers that list the same tasks claim them in orders of their own.
+        if tasks.len() > 1 {
+            // Workers that learn of the same tasks at once (a listing, a member's
+            // lease ending with all its owner keys) claim them in orders of their
+            // own, so that few claims collide.
             let me = self.me.as_str();
             tasks.sort_by_cached_key(|task| {
                 let mut hasher = DefaultHasher::new();
@@ -663,7 +664,7 @@ impl Reconciler {
                             lease: inner.lease,
                         };
                         let changes = self.view.own_write(key, Some(kv), revision);
-                        self.changed(changes, false);
+                        self.changed(changes);
                     }
                     Ok(_) => again = false, // someone else was first; the watch tells who
                     Err(error) => {
@@ -682,7 +683,7 @@ impl Reconciler {
                         lease: 0,
                     };
                     let changes = self.view.own_write(key, Some(kv), revision);
-                    self.changed(changes, false);
+                    self.changed(changes);
                 }
                 Err(error) => {
                     tracing::debug!(worker = %inner.id, %task, %error, "publish failed");
@@ -694,7 +695,7 @@ impl Reconciler {
                     tracing::info!(worker = %inner.id, %task, "released");
                     self.forget(&task);
                     let changes = self.view.own_write(key, None, revision);
-                    self.changed(changes, false);
+                    self.changed(changes);
                     self.rebalance_due = true;
                 }
                 Err(error) => {
