@@ -84,10 +84,7 @@ echo "== the scale run: 1,000 tasks, 3 worker processes (examples/cluster_scale.
 # It prints its figures last; it fails only when a rule of the history checker broke
 # (two runs of a task alive at once, among others) or a phase did not complete within
 # its bound, never because a figure is slow. Without etcd it fails (it never skips).
-# 20 pauses per pause phase rather than the documented run's 50: in a debug build a
-# cluster-wide pause of the re-listing worker takes 1-8 s at 1,000 tasks, and the 60
-# pauses saved are minutes of CI.
-cargo run --all-features --example cluster_scale -- --tasks 1000 --workers 3 --pauses 20 \
+cargo run --all-features --example cluster_scale -- --tasks 1000 --workers 3 \
   || failed+=("the scale run (examples/cluster_scale.rs)")
 
 names=("compile-fail and doc tests" "loom models")
