@@ -327,13 +327,17 @@ impl Reconciler {
             }
             return;
         }
-        let candidates: Vec<TaskId> = self
+        // Lazily: only as many held tasks are looked at as are picked (and those
+        // already being handed over), not every one at every release.
+        let handing_over = &self.handing_over;
+        let candidates = self
             .slots
             .iter()
+            .filter(|(task, _)| !handing_over.contains(*task))
             .filter(|(_, slot)| slot.task.as_ref().is_some_and(|r| can_hand_over(&r.handle)))
-            .map(|(task, _)| task.clone())
-            .collect();
-        for task in handover::pick(held, self.share, &self.handing_over, candidates) {
+            .map(|(task, _)| task.clone());
+        let picked = handover::pick(held, self.share, handing_over, candidates);
+        for task in picked {
             tracing::debug!(worker = %self.inner.id, %task, share = self.share, held, "handing over");
             self.handing_over.insert(task.clone());
             self.queue.add(task);
