@@ -31,7 +31,11 @@
 //! 6. **A hand-over is a pause, then a release.** A task handed over to another
 //!    worker (fair shares) is paused locally until its run has really returned,
 //!    that is published, and only then is the owner key released; a task whose
-//!    run failed is not handed over (its failure is the answer, invariant 4).
+//!    run failed is not handed over (its failure is the answer, invariant 4). Once
+//!    its rest is published for the current desired revision, the hand-over is
+//!    carried through even if it is given up: resuming under that report would
+//!    leave a rest report standing while a run is alive (the stateright model
+//!    found this one).
 
 use crate::stage::Stage;
 
@@ -199,8 +203,14 @@ pub fn decide(view: &TaskView) -> Option<Action> {
     }
 
     let (desired, revision) = view.desired?;
-    // Invariant 6: a task to be stopped, or whose run failed, is not handed over.
-    let handing_over = view.hand_over && desired != DesiredStage::Stopped && !local.failed;
+    // Invariant 6: a task to be stopped, or whose run failed, is not handed over;
+    // one whose rest for this revision is published is handed over whatever else.
+    let rest_published = view
+        .published
+        .is_some_and(|p| p.stage.is_at_rest() && p.desired_revision == revision);
+    let committed = view.yielded && rest_published && desired == DesiredStage::Running;
+    let handing_over =
+        (view.hand_over || committed) && desired != DesiredStage::Stopped && !local.failed;
     if local.stage == Stage::Stopped && desired != DesiredStage::Stopped {
         // Stopped by a fence, and the lease came back: a stopped task cannot run
         // again, so forget it; the next step builds it anew (invariant 5).
@@ -482,11 +492,21 @@ mod tests {
         );
         v.published = Some(paused);
         assert_eq!(decide(&v), Some(Action::Release));
-        // Given up before the release: the paused task runs again.
+        // Given up once Paused is published for this revision: carried through, a
+        // resume would leave that report standing beside a live run.
         v.hand_over = false;
         v.yielded = true;
+        assert_eq!(decide(&v), Some(Action::Release));
+        // Given up before (no rest published for it): the paused task runs again.
+        v.published = Some(pausing);
+        assert_eq!(decide(&v), Some(Action::Resume { revision: 10 }));
+        v.published = Some(Report {
+            stage: Stage::Running,
+            ..pausing
+        });
         assert_eq!(decide(&v), Some(Action::Resume { revision: 10 }));
         v.yielded = false;
+        v.published = Some(paused);
         assert_eq!(decide(&v), None, "acted for this revision, not yielded");
     }
 
@@ -525,6 +545,10 @@ mod tests {
         });
         assert_eq!(decide(&v), Some(Action::Release));
         v.hand_over = false;
-        assert_eq!(decide(&v), None);
+        assert_eq!(
+            decide(&v),
+            None,
+            "a yield of an earlier revision commits nothing"
+        );
     }
 }

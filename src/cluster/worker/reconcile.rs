@@ -62,6 +62,11 @@ impl Drop for Running {
 /// A store action that finished.
 enum Done {
     Claimed(Result<TxnResult, ClusterError>),
+    /// A key the cache says is this worker's, confirmed (or not) by the store.
+    Confirmed {
+        token: FenceToken,
+        result: Result<i64, ClusterError>,
+    },
     Published {
         key: String,
         value: Vec<u8>,
@@ -102,6 +107,9 @@ struct Reconciler {
     /// Unowned tasks this worker would claim if it had room: decided again, as
     /// many as there is room for, when room appears.
     starved: BTreeSet<TaskId>,
+    /// Owner keys (by create revision) the store refused as this worker's: the
+    /// cache may still show them as its own until the watch catches up.
+    dead: HashMap<TaskId, i64>,
 }
 
 /// The reconcile loop, until shutdown or the end of the lease.
@@ -145,6 +153,7 @@ pub(super) async fn reconcile(
         rebalance_due: false,
         retry: BTreeSet::new(),
         starved: BTreeSet::new(),
+        dead: HashMap::new(),
         inner: Arc::clone(&inner),
     };
     let state = &mut loop_state;
@@ -317,7 +326,7 @@ impl Reconciler {
             slots
                 .get(task)
                 .and_then(|s| s.task.as_ref())
-                .is_some_and(|r| can_hand_over(&r.handle))
+                .is_some_and(|r| still_handing_over(&r.handle))
         });
         let held = self.slots.len() + self.claiming;
         if held <= self.share {
@@ -374,10 +383,16 @@ impl Reconciler {
             .and_then(|r| r.desired.kv.as_ref())
             .and_then(parse_desired);
         let owner_kv = record.and_then(|r| r.owner.kv.as_ref());
+        let dead = self.dead.get(task).copied();
+        if dead.is_some() && owner_kv.map(|kv| kv.create_revision) != dead {
+            // The cache has moved past the key the store refused.
+            self.dead.remove(task);
+        }
         let ownership = match owner_kv {
             // Test-only: a task once held stays "mine", whoever holds the key now.
             _ if inner.unfenced && slot_rev.is_some() => Ownership::Mine,
             None => Ownership::Unowned,
+            Some(kv) if dead == Some(kv.create_revision) => Ownership::Other,
             Some(kv) if kv.value == inner.owner_value.as_bytes() => match slot_rev {
                 Some(rev) if rev != kv.create_revision => Ownership::Other,
                 _ => Ownership::Mine,
@@ -443,8 +458,19 @@ impl Reconciler {
                     return;
                 }
                 let owner = inner.keys.owner(task);
+                // The claim holds only if the cache was current for this task when
+                // it reaches the store: the desired stage and the report it was
+                // decided from are unchanged (a claim decided from a lagging cache
+                // must not run a task since stopped or finished).
+                let seen = |entry: Option<&KeyValue>| entry.map_or(0, |kv| kv.mod_revision);
+                let desired_rev = seen(record.and_then(|r| r.desired.kv.as_ref()));
+                let observed_rev = seen(record.and_then(|r| r.observed.kv.as_ref()));
                 let txn = Txn {
-                    when: vec![Compare::Absent(owner.clone())],
+                    when: vec![
+                        Compare::Absent(owner.clone()),
+                        Compare::ModRevision(inner.keys.desired(task), desired_rev),
+                        Compare::ModRevision(inner.keys.observed(task), observed_rev),
+                    ],
                     then: vec![Op::Put {
                         key: owner,
                         value: inner.owner_value.clone().into_bytes(),
@@ -461,16 +487,25 @@ impl Reconciler {
             Action::Build => {
                 let token = match self.slots.get(task) {
                     Some(slot) => slot.token.clone(),
-                    None => match owner_kv {
-                        // Our value under our lease: a claim whose answer was lost.
-                        Some(kv) => FenceToken {
+                    None => {
+                        // Our value under our lease in the cache, and no claim of
+                        // ours answered: a claim whose answer was lost, or a key
+                        // already released whose release's answer was lost (the
+                        // cache may lag). The store says which before anything runs.
+                        let Some(kv) = owner_kv else { return };
+                        let token = FenceToken {
                             task: task.clone(),
                             worker: inner.id.clone(),
                             lease: inner.lease,
                             revision: kv.create_revision,
-                        },
-                        None => return,
-                    },
+                        };
+                        let fencer = inner.fencer(token.clone());
+                        self.start(task, async move {
+                            let result = fencer.fenced(Vec::new()).await;
+                            Done::Confirmed { token, result }
+                        });
+                        return;
+                    }
                 };
                 let spec = record.and_then(|r| r.spec.kv.as_ref().map(|kv| kv.value.clone()));
                 match build(&inner, task, spec, token.clone()) {
@@ -612,6 +647,13 @@ impl Reconciler {
         self.queue.start(task.clone());
     }
 
+    /// Remembers that the store refused the held token of `task` as this worker's.
+    fn refused(&mut self, task: &TaskId, error: &ClusterError) {
+        if let (ClusterError::Fenced { .. }, Some(slot)) = (error, self.slots.get(task)) {
+            self.dead.insert(task.clone(), slot.token.revision);
+        }
+    }
+
     /// Forgets a held task: the slot, and the worker's public view of it.
     fn forget(&mut self, task: &TaskId) {
         self.slots.remove(task);
@@ -677,6 +719,27 @@ impl Reconciler {
                     }
                 }
             }
+            Some(Done::Confirmed { token, result }) => match result {
+                Ok(_) => {
+                    tracing::info!(worker = %inner.id, %task, revision = token.revision, "adopted");
+                    inner.view().insert(
+                        task.clone(),
+                        Held {
+                            token: token.clone(),
+                            handle: None,
+                        },
+                    );
+                    self.slots.insert(task.clone(), Slot { token, task: None });
+                }
+                Err(ClusterError::Fenced { .. }) => {
+                    self.dead.insert(task.clone(), token.revision);
+                    again = false; // the watch shows whose it is
+                }
+                Err(error) => {
+                    tracing::debug!(worker = %inner.id, %task, %error, "confirm failed");
+                    unreached = true;
+                }
+            },
             Some(Done::Published { key, value, result }) => match result {
                 Ok(revision) => {
                     let kv = KeyValue {
@@ -692,6 +755,7 @@ impl Reconciler {
                 Err(error) => {
                     tracing::debug!(worker = %inner.id, %task, %error, "publish failed");
                     unreached = !matches!(error, ClusterError::Fenced { .. });
+                    self.refused(&task, &error);
                 }
             },
             Some(Done::Released { key, result }) => match result {
@@ -705,6 +769,7 @@ impl Reconciler {
                 Err(error) => {
                     tracing::debug!(worker = %inner.id, %task, %error, "release failed");
                     unreached = !matches!(error, ClusterError::Fenced { .. });
+                    self.refused(&task, &error);
                 }
             },
             None => {
@@ -776,6 +841,16 @@ impl Reconciler {
 fn can_hand_over(handle: &Handle) -> bool {
     let local = local_of(handle);
     matches!(local.stage, Stage::New | Stage::Running | Stage::Paused) && !local.failed
+}
+
+/// Whether a hand-over of a held task is still under way: its pause may still be
+/// in progress (Pausing), not failed, not ending.
+fn still_handing_over(handle: &Handle) -> bool {
+    let local = local_of(handle);
+    matches!(
+        local.stage,
+        Stage::New | Stage::Running | Stage::Resuming | Stage::Pausing | Stage::Paused
+    ) && !local.failed
 }
 
 /// Whether the stored observed status is terminal and answers the current desired
