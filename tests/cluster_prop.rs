@@ -7,7 +7,12 @@
 //! keep-alives that fail for a while (so the lease is lost for real: the worker
 //! fences itself, the store expires the lease, another worker takes over), crashes,
 //! restarts under the same worker id, clean shutdowns, an unreachable store, and
-//! pauses of the test's clock. Faults are part of the generated sequence.
+//! pauses of the test's clock; and, for the watched cache, watches cut (every
+//! worker lists again), a compaction (a lagging watch ends and its worker lists
+//! again), watch deliveries delayed (the caches lag) and sent twice. Only the first
+//! 1 to 3 workers join at the start; the others join late, at a restart step, so
+//! the shares change and tasks are handed over. Faults are part of the generated
+//! sequence.
 //!
 //! Checked all along, by probes inside the units and between steps:
 //! - no two runs of a task are ever alive at once (drop guards in the run futures);
@@ -23,7 +28,9 @@
 //!
 //! 128 cases by default (about 3 s); `PROPTEST_CASES` overrides.
 //!
-//! One plain test beside them: a pause nobody can answer, and one stuck on a run
+//! Beside them, plain tests: 30 tasks on 3 workers, a 4th joins and gets its share
+//! (7 or 8 each) by hand-over with no task stopped or failed and never two runs;
+//! a pause nobody can answer, and one stuck on a run
 //! that ignores cancellation, time out with an error naming the task, its owner and
 //! the stage it is stuck in; a stop then escalates to abort and is answered. Each case must end
 //! within 30 s of real time.
@@ -175,10 +182,21 @@ enum Step {
     Desire(usize, DesiredStage),
     FailKeepAlives(usize, u64),
     Crash(usize),
+    /// Joins the worker if it is not running: after a crash, or for the first
+    /// time (a worker that joins late, so that shares change and tasks are
+    /// handed over).
     Restart(usize),
     Shutdown(usize),
     Unreachable(u64),
     Wait(u64),
+    /// Every open watch is lost: each worker lists again.
+    CutWatches,
+    /// The store compacts its history: a watch that lags behind it ends.
+    Compact,
+    /// Every watch delivery waits this long from now on (0: none).
+    WatchDelay(u64),
+    /// Every watch delivery is sent twice from now on (or once again).
+    DuplicateEvents(bool),
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -195,6 +213,10 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (0..WORKERS.len()).prop_map(Step::Shutdown),
         1 => (100u64..3_000).prop_map(Step::Unreachable),
         4 => (10u64..3_000).prop_map(Step::Wait),
+        1 => Just(Step::CutWatches),
+        1 => Just(Step::Compact),
+        1 => prop_oneof![Just(0u64), 10u64..1_500].prop_map(Step::WatchDelay),
+        1 => any::<bool>().prop_map(Step::DuplicateEvents),
     ]
 }
 
@@ -244,7 +266,7 @@ async fn check_observed(controller: &Controller, reg: &Shared) {
     }
 }
 
-async fn run_case(steps: Vec<Step>) -> Result<(), String> {
+async fn run_case(first: usize, steps: Vec<Step>) -> Result<(), String> {
     if std::env::var_os("CLUSTER_TRACE").is_some() {
         let _ = tracing_subscriber::fmt()
             .with_env_filter("taskstage=debug")
@@ -260,9 +282,16 @@ async fn run_case(steps: Vec<Step>) -> Result<(), String> {
             .await
             .map_err(|e| e.to_string())?;
     }
+    // The first `first` workers join now; the others only when a step restarts
+    // them (or when the faults stop): they join late and get their share by
+    // hand-over.
     let mut workers: Vec<Option<Worker>> = Vec::new();
-    for id in WORKERS {
-        workers.push(Some(join(&store, id, &reg).await));
+    for (w, id) in WORKERS.into_iter().enumerate() {
+        workers.push(if w < first {
+            Some(join(&store, id, &reg).await)
+        } else {
+            None
+        });
     }
     let mut desired: Vec<DesiredStage> = vec![DesiredStage::Running; TASKS.len()];
     for step in steps {
@@ -303,6 +332,10 @@ async fn run_case(steps: Vec<Step>) -> Result<(), String> {
                 store.set_unreachable(false);
             }
             Step::Wait(ms) => tokio::time::sleep(Duration::from_millis(ms)).await,
+            Step::CutWatches => store.cut_watches(),
+            Step::Compact => store.compact(),
+            Step::WatchDelay(ms) => store.set_watch_delay(Duration::from_millis(ms)),
+            Step::DuplicateEvents(twice) => store.set_duplicate_watch_events(twice),
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
         check_observed(&controller, &reg).await;
@@ -316,6 +349,8 @@ async fn run_case(steps: Vec<Step>) -> Result<(), String> {
     // down, or ended by a lease lost during the faults, which may happen a moment
     // from now) is joined again, on every turn of the wait below.
     store.set_unreachable(false);
+    store.set_watch_delay(Duration::ZERO);
+    store.set_duplicate_watch_events(false);
     for (t, task) in TASKS.iter().enumerate() {
         // Converged: the answer comes from a live worker (a crashed owner stays the
         // owner until the store expires its lease), or the task is released.
@@ -384,7 +419,10 @@ proptest! {
     })]
 
     #[test]
-    fn the_real_worker_keeps_one_run_and_converges(steps in proptest::collection::vec(step(), 1..24)) {
+    fn the_real_worker_keeps_one_run_and_converges(
+        first in 1..=WORKERS.len(),
+        steps in proptest::collection::vec(step(), 1..24),
+    ) {
         // Virtual time bounds every wait inside a case; this bounds the real time, so
         // that a loop that spins without letting the clock advance fails the test
         // instead of hanging it.
@@ -395,7 +433,7 @@ proptest! {
                 .start_paused(true)
                 .build()
                 .expect("a current-thread runtime");
-            let _ = done.send(runtime.block_on(run_case(steps)));
+            let _ = done.send(runtime.block_on(run_case(first, steps)));
         });
         let result = result
             .recv_timeout(Duration::from_secs(30))
@@ -711,4 +749,83 @@ async fn a_second_stop_writes_nothing_and_builds_nothing() {
     );
     assert_eq!(live.load(SeqCst), 0);
     worker.shutdown().await.expect("a clean shutdown");
+}
+
+/// Fair shares by hand-over: 30 tasks run on 3 workers (10 each); a 4th joins.
+/// Within 30 s of virtual time every worker holds 7 or 8 tasks and each task runs
+/// again, once, under its new owner; no task is stopped or fails on the way, and
+/// never are two runs of a task alive (the probes say so at every run's start).
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_fourth_worker_gets_its_share_by_hand_over_with_nothing_stopped_or_failed() {
+    let store = MemoryCoordinator::new();
+    let reg: Shared = Arc::default();
+    let controller = Controller::new(store.clone(), PREFIX).expect("a controller");
+    let tasks: Vec<String> = (0..30).map(|i| format!("t{i:02}")).collect();
+    for task in &tasks {
+        controller
+            .create(task, Vec::new(), DesiredStage::Running)
+            .await
+            .expect("create");
+    }
+    let mut workers = Vec::new();
+    for id in ["w0", "w1", "w2", "w3"] {
+        if id == "w3" {
+            // Every task runs on the first three, in their shares, before w3 joins.
+            settled(&controller, &workers, &tasks, &reg, &[10, 10, 10]).await;
+        }
+        workers.push(join(&store, id, &reg).await);
+    }
+    settled(&controller, &workers, &tasks, &reg, &[7, 8]).await;
+    let violations = std::mem::take(&mut lock(&reg).violations);
+    assert!(violations.is_empty(), "{}", violations.join("\n"));
+    for worker in workers {
+        worker.shutdown().await.expect("a clean shutdown");
+    }
+}
+
+/// Waits, at most 30 s of virtual time, until each of `workers` holds a number of
+/// tasks in `shares` (one number: exactly that many; two: within them), every task
+/// is observed Running by its current live owner and has exactly one run alive.
+/// Fails at once on a probe's violation, or on a task observed stopped or failed.
+async fn settled(
+    controller: &Controller,
+    workers: &[Worker],
+    tasks: &[String],
+    reg: &Shared,
+    shares: &[usize],
+) {
+    let (low, high) = match shares {
+        [one, two] => (*one, *two),
+        _ => (shares[0], shares[0]),
+    };
+    let mut last = String::new();
+    // Bounded: 300 turns of 100 ms of virtual time.
+    for _ in 0..300 {
+        let violations = std::mem::take(&mut lock(reg).violations);
+        assert!(violations.is_empty(), "{}", violations.join("\n"));
+        let counts: Vec<usize> = workers.iter().map(|w| w.tasks().len()).collect();
+        let live: Vec<i64> = workers.iter().map(Worker::lease).collect();
+        let mut waiting = Vec::new();
+        for task in tasks {
+            let status = controller.status(task).await.expect("a status");
+            if let Some(observed) = &status.observed {
+                assert!(
+                    observed.stage != taskstage::Stage::Stopped && !observed.outcome.is_failed(),
+                    "{task} was stopped or failed on the way: {status:?}"
+                );
+            }
+            assert_eq!(status.desired, DesiredStage::Running, "{task}");
+            let alive = lock(reg).alive.get(task.as_str()).map_or(0, Vec::len);
+            let owned = status.owner_lease.is_some_and(|l| live.contains(&l));
+            if !(owned && status.answers(status.desired_revision) && alive == 1) {
+                waiting.push(format!("{task} ({alive} alive)"));
+            }
+        }
+        if waiting.is_empty() && counts.iter().all(|c| (low..=high).contains(c)) {
+            return;
+        }
+        last = format!("held {counts:?}, not yet Running once: {waiting:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("no fair shares {shares:?} within 30 s: {last}");
 }
