@@ -70,10 +70,11 @@
 //! builds it again from that cache, while the new owner runs it: two runs.
 //!
 //! Bounds (defaults; `MODEL_T_FAULT`, `MODEL_T_MAX`, `MODEL_FAULTS`, `MODEL_DESIRED`,
-//! `MODEL_LAG` override the first configuration): 2 workers, one task, TTL 3 ticks,
-//! stop bound 1 tick, at most 4 leases in all, the bounds above. About 1.05 M and
-//! 0.16 M unique states as built, 1.24 M with freezes, 2.4 M unfenced, 0.01 M and
-//! 0.8 M for the hand-over pair; about 100 s in a debug build on two busy cores.
+//! `MODEL_LAG` override the base configuration the others start from): 2 workers,
+//! one task, TTL 3 ticks, stop bound 1 tick, at most 4 leases in all, the bounds
+//! above. About 1.05 M and 0.16 M unique states as built, 1.24 M with freezes,
+//! 2.4 M unfenced, 0.01 M and 0.8 M for the hand-over pair; 83 s in a debug build
+//! on two shared cores (load about 5), one test at a time.
 
 use std::time::Instant;
 
