@@ -68,6 +68,9 @@
 //! store; the worker, its cache still saying the key is its own, resumes the task
 //! (the hand-over given up) or, its retried release refused, fences, drops and
 //! builds it again from that cache, while the new owner runs it: two runs.
+//! The model also shows, though no property here names it, a claim that reaches
+//! the store after the task was stopped and released: its sender builds and
+//! resumes the task from a cache that still says Running (reproduced too).
 //!
 //! Bounds (defaults; `MODEL_T_FAULT`, `MODEL_T_MAX`, `MODEL_FAULTS`, `MODEL_DESIRED`,
 //! `MODEL_LAG` override the base configuration the others start from): 2 workers,
