@@ -5,39 +5,79 @@
 //! only if absent; an owner's write compares the owner key's create revision and
 //! value with its token) and leases that expire on a logical clock, `received +
 //! TTL` after the last keep-alive the store received. Two workers run `decide` on
-//! what they read and carry its one action out: local commands take effect at once,
+//! what they know and carry its one action out: local commands take effect at once,
 //! runs return in a step of their own, and every store write is a message that the
 //! store applies when it arrives.
+//!
+//! What a worker knows is its own cache of the task's keys (desired, owner,
+//! observed), each with the revision of the change that set it, as the worker's
+//! view (`src/cluster/worker/view.rs`) keeps it: it is set by a listing when the
+//! worker joins, then changed only by its watch, which delivers the store's changes
+//! in order, each in a step of its own (a delay is that step not taken yet; a watch
+//! lags by at most 2 changes, one more and the store has compacted what it still had
+//! to deliver); by a re-list when the watch is lost; and by the worker's own
+//! writes once the store accepted them. A change no newer than the one held is
+//! ignored (`Entry::apply`), so a duplicate or a late change changes nothing. A
+//! worker also holds the hand-over flag of its fair share: a step sets it while the
+//! worker holds the task, and `Action::Yield` pauses the run and marks the task
+//! yielded until the next resume, as `reconcile.rs` does.
 //!
 //! Faults, each within a budget and only before `t_fault`: a worker crash (its run
 //! dies with it; it may join again under a new lease), lost keep-alive requests or
 //! answers, a write given up on by its sender (it times out) that still reaches the
-//! store later (delayed and reordered), a desired-stage change, and, in the
-//! configuration that allows it, a process freeze of any length (run included).
+//! store later (delayed and reordered), a watch delivery sent twice (the duplicate
+//! arrives later), a watch cut (what it had not delivered is lost; the worker lists
+//! again), a compaction (every lagging watch ends; its worker lists again), a
+//! desired-stage change, and, in the configuration that allows it, a process
+//! freeze of any length (run included). A hand-over has its own budget.
 //!
 //! The timing assumption of docs/cluster.md is the one rule on the clock: time does
 //! not pass the instant `last keep-alive sent + TTL` while a worker that is not
 //! frozen still has a run alive (it began stopping at `stop_at`, and a stop takes at
 //! most the stop bound). After `t_fault` time passes only when nothing is left to do
-//! (a fair scheduler), so that "eventually" has a meaning.
+//! (a fair scheduler), and a worker decides only once its watch has delivered
+//! everything, so that "eventually" has a meaning.
 //!
 //! Properties: always at most one run alive; always no write accepted with a stale
 //! fence token; always no rest reported for the current desired revision while a
-//! run is alive; sometimes a takeover after an owner's death; eventually, after
-//! the faults, the current owner's report answers the desired revision and what
-//! runs is what is desired.
+//! run is alive; sometimes a takeover after an owner's death; sometimes a hand-over
+//! released to the store; eventually, after the faults, the current owner's report
+//! answers the desired revision and what runs is what is desired.
 //!
-//! Checked three ways: the protocol as built (every property holds); the protocol
-//! with process freezes past the lease (the fencing property holds; at most one run
-//! alive does not, nor, for the frozen run, a rest report: the documented limit,
-//! found and printed); and an unfenced variant whose store applies owner writes
-//! without comparing the token (a stale write is found and printed).
+//! Checked five ways: the protocol as built, twice (one fault and one desired-stage
+//! change before tick 1, up to tick 5; two faults before tick 2, up to tick 6):
+//! every property holds; with process freezes past the lease (the fencing property
+//! holds; at most one run alive does not, nor, for the frozen run, a rest report:
+//! the documented limit, found and printed); an unfenced variant whose store
+//! applies owner writes without comparing the token (a stale write is found and
+//! printed); and a hand-over with lagging caches (a lag of 3 changes), where the
+//! worker's cache keeps one run while a cache that takes every delivered change,
+//! old over new, is caught with two (the old owner's own claim, delivered after its
+//! release, says the key is still its own: it builds and resumes the task beside
+//! the new owner's run).
 //!
-//! Bounds (defaults; `MODEL_T_FAULT`, `MODEL_T_MAX`, `MODEL_FAULTS`, `MODEL_DESIRED`
-//! override): 2 workers, one task, TTL 3 ticks, stop bound 1 tick, faults before
-//! tick 2, time up to tick 7, 2 faults, 1 desired change, at most 4 leases in all.
-//! About 1.1 M, 1.8 M and 1.7 M unique states; about 70 s in a debug build on two
-//! cores, 18 s in release.
+//! Not yet holding, in an ignored check (`--ignored`; 0.7 M states, 13 s): one
+//! hand-over among the faults (one fault before tick 1, up to tick 5), which may
+//! be given up. Two defects of the worker as built show there, each reproduced on
+//! the real worker by an ignored test in `tests/cluster_prop.rs`. (1) A
+//! hand-over's Paused report answers the current desired revision, so when the
+//! worker gives the hand-over up after that report and resumes the task, the
+//! stored report says Paused while the run is alive (with faults before tick 2
+//! the model also finds it for a task fenced at a late keep-alive and built again
+//! under the same revision). (2) A release whose answer is lost still reaches the
+//! store; the worker, its cache still saying the key is its own, resumes the task
+//! (the hand-over given up) or, its retried release refused, fences, drops and
+//! builds it again from that cache, while the new owner runs it: two runs.
+//! The model also shows, though no property here names it, a claim that reaches
+//! the store after the task was stopped and released: its sender builds and
+//! resumes the task from a cache that still says Running (reproduced too).
+//!
+//! Bounds (defaults; `MODEL_T_FAULT`, `MODEL_T_MAX`, `MODEL_FAULTS`, `MODEL_DESIRED`,
+//! `MODEL_LAG` override the base configuration the others start from): 2 workers,
+//! one task, TTL 3 ticks, stop bound 1 tick, at most 4 leases in all, the bounds
+//! above. About 1.05 M and 0.16 M unique states as built, 1.24 M with freezes,
+//! 2.4 M unfenced, 0.01 M and 0.8 M for the hand-over pair; 83 s in a debug build
+//! on two shared cores (load about 5), one test at a time.
 
 use std::time::Instant;
 
@@ -51,18 +91,36 @@ const TTL: u8 = 3;
 /// The stop bound, in ticks (ρ = 0: one logical clock).
 const STOP_BOUND: u8 = 1;
 
+/// How a worker's cache takes a change of a key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum CacheRule {
+    /// As built (`Entry::apply` in the worker's view): a change no newer than the
+    /// one held is ignored.
+    NewestWins,
+    /// A broken cache for the negative check: every delivered change overwrites
+    /// what is held, an old or duplicated one included.
+    LastWins,
+}
+
 #[derive(Clone, Debug)]
 struct Cfg {
     workers: usize,
     fenced: bool,
     freeze: bool,
+    cache: CacheRule,
     t_fault: u8,
     t_max: u8,
     faults: u8,
     desired_changes: u8,
+    hand_overs: u8,
+    /// Whether a hand-over under way may be given up (the worker's share grew
+    /// again before the release).
+    give_up_hand_overs: bool,
+    /// How many changes a watch may lag behind the store.
+    lag: usize,
 }
 
-#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, PartialOrd, Ord)]
 struct Owner {
     worker: u8,
     lease: u8,
@@ -74,6 +132,88 @@ struct Observed {
     worker: u8,
     token: i64,
     report: Report,
+}
+
+/// One key as a worker's cache holds it: its value and the revision of the change
+/// that made it so (the worker's `Entry`).
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+struct Entry<T> {
+    value: T,
+    rev: i64,
+}
+
+impl<T: PartialEq> Entry<T> {
+    /// Applies a change at `rev`, by `rule`.
+    fn apply(&mut self, value: T, rev: i64, rule: CacheRule) {
+        if rule == CacheRule::NewestWins && rev <= self.rev {
+            return;
+        }
+        self.value = value;
+        self.rev = rev;
+    }
+}
+
+/// A change of one watched key, as the watch delivers it: the key's new value
+/// (`None`: deleted) and the revision of the change.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+enum Change {
+    Desired(DesiredStage, i64),
+    Owner(Option<Owner>, i64),
+    Observed(Observed, i64),
+}
+
+/// A worker's cache of the task's keys: fed only by its watch, its re-lists and
+/// its own accepted writes.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+struct Cache {
+    desired: Entry<Option<DesiredStage>>,
+    owner: Entry<Option<Owner>>,
+    observed: Entry<Option<Observed>>,
+}
+
+impl Cache {
+    /// Nothing known yet: every key absent at revision 0.
+    const EMPTY: Cache = Cache {
+        desired: Entry {
+            value: None,
+            rev: 0,
+        },
+        owner: Entry {
+            value: None,
+            rev: 0,
+        },
+        observed: Entry {
+            value: None,
+            rev: 0,
+        },
+    };
+
+    fn apply(&mut self, change: Change, rule: CacheRule) {
+        match change {
+            Change::Desired(stage, rev) => self.desired.apply(Some(stage), rev, rule),
+            Change::Owner(owner, rev) => self.owner.apply(owner, rev, rule),
+            Change::Observed(observed, rev) => self.observed.apply(Some(observed), rev, rule),
+        }
+    }
+
+    /// A listing at the store's revision: every present key at its revision, and
+    /// every key the cache holds that the listing lacks deleted at the listing's
+    /// revision (the worker's `View::feed` of `Feed::Listed`).
+    fn relist(&mut self, s: &State, rule: CacheRule) {
+        self.apply(Change::Desired(s.desired.0, s.desired.1), rule);
+        match s.owner {
+            Some(o) => self.apply(Change::Owner(Some(o), o.create_rev), rule),
+            None if self.owner.value.is_some() => self.apply(Change::Owner(None, s.rev), rule),
+            None => {}
+        }
+        if let Some(o) = s.observed {
+            self.apply(Change::Observed(o, s.observed_rev), rule);
+        }
+    }
+
+    fn desired(&self) -> Option<(DesiredStage, i64)> {
+        self.desired.value.map(|stage| (stage, self.desired.rev))
+    }
 }
 
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, PartialOrd, Ord)]
@@ -131,11 +271,26 @@ struct Worker {
     stopping: bool,
     fence_rejected: bool,
     pending: Option<Msg>,
+    /// What the worker decides from.
+    cache: Cache,
+    /// Changes the watch has not delivered yet, in revision order.
+    inbox: Vec<Change>,
+    /// Whether the watch is open; once it is lost (cut, or compacted under it)
+    /// the worker lists again before it watches again.
+    watching: bool,
+    /// A duplicate of a delivered change, still on its way.
+    late: Option<Change>,
+    /// Whether the worker hands the task over (it holds more than its share).
+    hand_over: bool,
+    /// Whether the local task was paused for a hand-over since its last resume.
+    yielded: bool,
 }
 
 impl Worker {
-    /// A worker that has just joined with `lease` at time `now`.
-    fn joined(lease: u8, now: u8) -> Worker {
+    /// A worker that has just joined with `lease` at time `now`, having listed `s`.
+    fn joined(lease: u8, now: u8, s: &State, rule: CacheRule) -> Worker {
+        let mut cache = Cache::EMPTY;
+        cache.relist(s, rule);
         Worker {
             up: true,
             frozen: false,
@@ -148,7 +303,48 @@ impl Worker {
             stopping: false,
             fence_rejected: false,
             pending: None,
+            cache,
+            inbox: Vec::new(),
+            watching: true,
+            late: None,
+            hand_over: false,
+            yielded: false,
         }
+    }
+
+    /// A worker that is gone (crashed, or ended with its lease): nothing of it
+    /// is left but that.
+    fn down() -> Worker {
+        Worker {
+            up: false,
+            frozen: false,
+            lease: None,
+            stop_at: None,
+            ka_sent: None,
+            token: None,
+            local: None,
+            acted: None,
+            stopping: false,
+            fence_rejected: false,
+            pending: None,
+            cache: Cache::EMPTY,
+            inbox: Vec::new(),
+            watching: false,
+            late: None,
+            hand_over: false,
+            yielded: false,
+        }
+    }
+
+    /// Forgets the local task (a drop or a release): its slot goes.
+    fn forget(&mut self) {
+        self.local = None;
+        self.token = None;
+        self.acted = None;
+        self.stopping = false;
+        self.fence_rejected = false;
+        self.hand_over = false;
+        self.yielded = false;
     }
 }
 
@@ -161,14 +357,38 @@ struct State {
     /// Per lease id: when the store expires it, if alive.
     leases: Vec<Option<u8>>,
     observed: Option<Observed>,
+    /// The revision of the observed key's last change.
+    observed_rev: i64,
     last_owner: Option<u8>,
     stale_accepted: bool,
     took_over: bool,
+    /// A release by a worker handing the task over reached the store.
+    handed_over: bool,
     workers: Vec<Worker>,
     /// Writes whose senders gave up on them, still on their way (sorted).
     net: Vec<Msg>,
     faults: u8,
     desired_changes: u8,
+    hand_overs: u8,
+}
+
+impl State {
+    /// A change of a watched key: every open watch will deliver it.
+    ///
+    /// A watch lags by at most `lag` changes: one more and the store has
+    /// compacted what it still had to deliver, so the watch ends and the worker
+    /// must list again (a bound of the model that is itself a fault it checks).
+    fn record(&mut self, change: Change, lag: usize) {
+        for wk in self.workers.iter_mut().filter(|w| w.up && w.watching) {
+            if wk.inbox.len() < lag {
+                wk.inbox.push(change);
+            } else {
+                wk.inbox.clear();
+                wk.late = None;
+                wk.watching = false;
+            }
+        }
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
@@ -182,6 +402,17 @@ enum Step {
     /// it is alive), answered.
     KeepAlive(u8),
     Restart(u8),
+    /// The watch delivers its next change to the worker's cache (a delay is this
+    /// step not taken yet).
+    Watch(u8),
+    /// A duplicated change arrives again, late.
+    WatchLate(u8),
+    /// The worker lists the prefix again (its watch was lost) and watches anew.
+    Relist(u8),
+    /// The worker starts handing the task over (it holds more than its share).
+    HandOver(u8),
+    /// The worker gives the hand-over up (its share grew again).
+    GiveUpHandOver(u8),
     // Faults.
     Crash(u8),
     /// A keep-alive whose request is lost: nothing reaches the store.
@@ -194,6 +425,12 @@ enum Step {
     Freeze(u8),
     Thaw(u8),
     Desire(DesiredStage),
+    /// The watch delivers its next change, and a duplicate of it is on its way.
+    WatchTwice(u8),
+    /// The watch is lost: what it had not delivered is dropped.
+    CutWatch(u8),
+    /// The store compacts its history: every watch that lags behind it ends.
+    Compact,
 }
 
 fn run_alive(stage: Option<Stage>) -> bool {
@@ -204,9 +441,13 @@ fn run_alive(stage: Option<Stage>) -> bool {
 }
 
 impl Cfg {
+    /// The inputs of `decide`, as the worker gathers them: from its cache, never
+    /// from the store.
     fn view(&self, s: &State, w: usize) -> TaskView {
         let wk = &s.workers[w];
-        let ownership = match s.owner {
+        let cache = &wk.cache;
+        let desired = cache.desired();
+        let ownership = match cache.owner.value {
             None => Ownership::Unowned,
             Some(o) if usize::from(o.worker) == w && Some(o.lease) == wk.lease => match wk.token {
                 Some(t) if t != o.create_rev => Ownership::Other,
@@ -214,21 +455,24 @@ impl Cfg {
             },
             Some(_) => Ownership::Other,
         };
-        let settled = s.observed.is_some_and(|o| {
-            o.report.stage.is_terminal()
-                && o.report.desired_revision == s.desired.1
-                && s.desired.0.answered_by(o.report.stage, false)
+        let settled = cache.observed.value.is_some_and(|o| {
+            desired.is_some_and(|(stage, rev)| {
+                o.report.stage.is_terminal()
+                    && o.report.desired_revision == rev
+                    && stage.answered_by(o.report.stage, false)
+            })
         });
-        let token = wk.token.or(match (ownership, s.owner) {
+        let token = wk.token.or(match (ownership, cache.owner.value) {
             (Ownership::Mine, Some(o)) => Some(o.create_rev),
             _ => None,
         });
-        let published = s
+        let published = cache
             .observed
+            .value
             .filter(|o| usize::from(o.worker) == w && Some(o.token) == token)
             .map(|o| o.report);
         TaskView {
-            desired: Some(s.desired),
+            desired,
             ownership,
             settled,
             local: wk.local.map(|stage| Local {
@@ -243,8 +487,8 @@ impl Cfg {
             fence_rejected: wk.fence_rejected,
             stopping: wk.stopping,
             capacity_left: true,
-            hand_over: false,
-            yielded: false,
+            hand_over: wk.hand_over,
+            yielded: wk.yielded,
         }
     }
 
@@ -254,55 +498,71 @@ impl Cfg {
             .is_some_and(|o| o.worker == worker && o.lease == lease && Some(o.create_rev) == token)
     }
 
-    /// Applies a write at the store; returns whether it was applied.
-    fn apply(&self, s: &mut State, msg: Msg) -> bool {
+    /// Applies a write at the store; returns the change it made to a watched key,
+    /// if it was applied (`Ok(None)`: applied, nothing watched changed; `Err`: not
+    /// applied).
+    fn apply(&self, s: &mut State, msg: Msg) -> Result<Option<Change>, ()> {
         let lease_alive = s
             .leases
             .get(usize::from(msg.lease))
             .is_some_and(Option::is_some);
-        match msg.write {
+        let change = match msg.write {
             Write::Claim => {
                 if s.owner.is_some() || !lease_alive {
-                    return false;
+                    return Err(());
                 }
                 s.rev += 1;
-                s.owner = Some(Owner {
+                let owner = Owner {
                     worker: msg.worker,
                     lease: msg.lease,
                     create_rev: s.rev,
-                });
+                };
+                s.owner = Some(owner);
                 if s.last_owner.is_some_and(|p| p != msg.worker) {
                     s.took_over = true;
                 }
                 s.last_owner = Some(msg.worker);
-                true
+                Some(Change::Owner(Some(owner), s.rev))
             }
             fenced => {
                 let ok = Self::holds(s, msg.worker, msg.lease, msg.token);
                 if !ok && self.fenced {
-                    return false;
+                    return Err(());
                 }
                 if !ok {
                     s.stale_accepted = true;
                 }
                 match fenced {
-                    Write::Publish(report) => {
-                        s.rev += 1;
-                        s.observed = msg.token.map(|token| Observed {
-                            worker: msg.worker,
-                            token,
-                            report: report.report(),
-                        });
-                    }
+                    Write::Publish(report) => match msg.token {
+                        Some(token) => {
+                            s.rev += 1;
+                            let observed = Observed {
+                                worker: msg.worker,
+                                token,
+                                report: report.report(),
+                            };
+                            s.observed = Some(observed);
+                            s.observed_rev = s.rev;
+                            Some(Change::Observed(observed, s.rev))
+                        }
+                        None => None,
+                    },
                     Write::Release => {
                         s.rev += 1;
                         s.owner = None;
+                        if s.workers[usize::from(msg.worker)].hand_over {
+                            s.handed_over = true;
+                        }
+                        Some(Change::Owner(None, s.rev))
                     }
-                    _ => {}
+                    _ => None,
                 }
-                true
             }
+        };
+        if let Some(change) = change {
+            s.record(change, self.lag);
         }
+        Ok(change)
     }
 
     /// Whether anything is left to do: the fair scheduler's test after `t_fault`.
@@ -313,6 +573,9 @@ impl Cfg {
                 !wk.up
                     || wk.frozen
                     || (wk.pending.is_none()
+                        && wk.inbox.is_empty()
+                        && wk.late.is_none()
+                        && wk.watching
                         && !matches!(wk.local, Some(Stage::Pausing | Stage::Stopping))
                         && decide(&self.view(s, w)).is_none()
                         && (wk.lease.is_none() || wk.ka_sent == Some(s.now)))
@@ -340,24 +603,28 @@ impl Model for Cfg {
     type Action = Step;
 
     fn init_states(&self) -> Vec<State> {
-        let workers = (0..self.workers)
-            .map(|w| Worker::joined(w as u8, 0))
-            .collect();
-        vec![State {
+        let mut s = State {
             now: 0,
             rev: 2,
             desired: (DesiredStage::Running, 2),
             owner: None,
             leases: vec![Some(TTL); self.workers],
             observed: None,
+            observed_rev: 0,
             last_owner: None,
             stale_accepted: false,
             took_over: false,
-            workers,
+            handed_over: false,
+            workers: Vec::new(),
             net: Vec::new(),
             faults: self.faults,
             desired_changes: self.desired_changes,
-        }]
+            hand_overs: self.hand_overs,
+        };
+        s.workers = (0..self.workers)
+            .map(|w| Worker::joined(w as u8, 0, &s, self.cache))
+            .collect();
+        vec![s]
     }
 
     fn actions(&self, s: &State, actions: &mut Vec<Step>) {
@@ -376,6 +643,14 @@ impl Model for Cfg {
             && (s.now < self.t_fault + TTL || s.workers.iter().all(|w| !w.frozen));
         if s.now < self.t_max && deadline_ok && settled_faults && (faulty || self.quiescent(s)) {
             actions.push(Step::Tick);
+        }
+        if faulty
+            && s.faults > 0
+            && s.workers
+                .iter()
+                .any(|w| w.up && w.watching && !w.inbox.is_empty())
+        {
+            actions.push(Step::Compact);
         }
         for w in 0..s.workers.len() {
             let wk = &s.workers[w];
@@ -400,14 +675,42 @@ impl Model for Cfg {
                 if wk.pending.is_some() && s.net.len() < 2 {
                     actions.push(Step::GiveUpOnWrite(id));
                 }
+                if wk.watching {
+                    actions.push(Step::CutWatch(id));
+                }
+                if !wk.inbox.is_empty() && wk.late.is_none() {
+                    actions.push(Step::WatchTwice(id));
+                }
+            }
+            if faulty
+                && s.hand_overs > 0
+                && !wk.hand_over
+                && matches!(wk.local, Some(Stage::New | Stage::Running | Stage::Paused))
+            {
+                actions.push(Step::HandOver(id));
+            }
+            if faulty && self.give_up_hand_overs && wk.hand_over {
+                actions.push(Step::GiveUpHandOver(id));
             }
             if wk.frozen {
                 actions.push(Step::Thaw(id));
                 continue;
             }
+            if !wk.inbox.is_empty() {
+                actions.push(Step::Watch(id));
+            }
+            if wk.late.is_some() {
+                actions.push(Step::WatchLate(id));
+            }
+            if !wk.watching {
+                actions.push(Step::Relist(id));
+            }
+            // After the faults a watch delivers promptly: the worker decides only
+            // from a cache that has caught up.
+            let caught_up = wk.inbox.is_empty() && wk.watching && wk.late.is_none();
             if wk.pending.is_some() {
                 actions.push(Step::Deliver(id));
-            } else if decide(&self.view(s, w)).is_some() {
+            } else if (faulty || caught_up) && decide(&self.view(s, w)).is_some() {
                 actions.push(Step::Decide(id));
             }
             if matches!(wk.local, Some(Stage::Pausing | Stage::Stopping)) {
@@ -447,6 +750,8 @@ impl Model for Cfg {
                         if s.owner.is_some_and(|o| usize::from(o.lease) == id) {
                             s.owner = None;
                             s.rev += 1;
+                            let rev = s.rev;
+                            s.record(Change::Owner(None, rev), self.lag);
                         }
                     }
                 }
@@ -455,16 +760,14 @@ impl Model for Cfg {
                 let w = usize::from(w);
                 let view = self.view(&s, w);
                 let action = decide(&view)?;
-                let rev = s.desired.1;
-                let adopt = match s.owner {
-                    Some(o)
-                        if usize::from(o.worker) == w && Some(o.lease) == s.workers[w].lease =>
-                    {
+                let wk = &mut s.workers[w];
+                // A token adopted from the cache: a claim whose answer was lost.
+                let adopt = match wk.cache.owner.value {
+                    Some(o) if usize::from(o.worker) == w && Some(o.lease) == wk.lease => {
                         Some(o.create_rev)
                     }
                     _ => None,
                 };
-                let wk = &mut s.workers[w];
                 let lease = wk.lease?;
                 let send = |token, write| Msg {
                     worker: w as u8,
@@ -480,9 +783,11 @@ impl Model for Cfg {
                         wk.acted = None;
                         wk.stopping = false;
                         wk.fence_rejected = false;
+                        wk.yielded = false;
                     }
                     Action::Resume { revision } => {
                         wk.acted = Some(revision);
+                        wk.yielded = false;
                         if matches!(wk.local, Some(Stage::New | Stage::Paused)) {
                             wk.local = Some(Stage::Running);
                         }
@@ -494,6 +799,7 @@ impl Model for Cfg {
                         }
                     }
                     Action::Yield => {
+                        wk.yielded = true;
                         if wk.local == Some(Stage::Running) {
                             wk.local = Some(Stage::Pausing);
                         }
@@ -508,36 +814,36 @@ impl Model for Cfg {
                             None => None,
                         };
                     }
-                    Action::Drop => {
-                        wk.local = None;
-                        wk.token = None;
-                        wk.acted = None;
-                        wk.stopping = false;
-                        wk.fence_rejected = false;
-                    }
+                    Action::Drop => wk.forget(),
                     Action::Publish(report) => {
                         wk.pending = Some(send(wk.token, Write::Publish(ReportKey::of(report))))
                     }
                     Action::Release => wk.pending = Some(send(wk.token, Write::Release)),
                 }
-                let _ = rev;
             }
             Step::Deliver(w) => {
                 let w = usize::from(w);
                 let msg = s.workers[w].pending.take()?;
                 let applied = self.apply(&mut s, msg);
-                let create_rev = s.owner.map(|o| o.create_rev);
+                let rule = self.cache;
                 let wk = &mut s.workers[w];
-                match (msg.write, applied) {
-                    (Write::Claim, true) => wk.token = create_rev,
-                    (Write::Release, true) => {
-                        wk.local = None;
-                        wk.token = None;
-                        wk.acted = None;
-                        wk.stopping = false;
+                // The worker's own accepted write goes into its cache at once. Its
+                // echo on the worker's own watch is then a no-op under the real rule
+                // (same revision), so the model drops it there to save states; under
+                // the broken rule it is delivered like any other change.
+                if let Ok(Some(change)) = applied {
+                    wk.cache.apply(change, rule);
+                    if rule == CacheRule::NewestWins && wk.inbox.last() == Some(&change) {
+                        wk.inbox.pop();
                     }
-                    (Write::Claim, false) => {}
-                    (_, false) => wk.fence_rejected = true,
+                }
+                match (msg.write, applied) {
+                    (Write::Claim, Ok(Some(Change::Owner(Some(o), _)))) => {
+                        wk.token = Some(o.create_rev)
+                    }
+                    (Write::Release, Ok(_)) => wk.forget(),
+                    (Write::Claim, _) => {}
+                    (_, Err(())) => wk.fence_rejected = true,
                     _ => {}
                 }
             }
@@ -581,7 +887,7 @@ impl Model for Cfg {
                     }
                     // A worker whose lease is gone and that runs nothing ends.
                     if worker.stop_at.is_none() && worker.local.is_none() {
-                        worker.up = false;
+                        *worker = Worker::down();
                     }
                 }
             }
@@ -592,15 +898,43 @@ impl Model for Cfg {
             Step::Restart(w) => {
                 let lease = s.leases.len() as u8;
                 s.leases.push(Some(s.now + TTL));
-                s.workers[usize::from(w)] = Worker::joined(lease, s.now);
+                s.workers[usize::from(w)] = Worker::joined(lease, s.now, &s, self.cache);
             }
+            Step::Watch(w) | Step::WatchTwice(w) => {
+                let twice = matches!(step, Step::WatchTwice(_));
+                if twice {
+                    s.faults -= 1;
+                }
+                let wk = &mut s.workers[usize::from(w)];
+                if wk.inbox.is_empty() {
+                    return None;
+                }
+                let change = wk.inbox.remove(0);
+                wk.cache.apply(change, self.cache);
+                if twice {
+                    wk.late = Some(change);
+                }
+            }
+            Step::WatchLate(w) => {
+                let wk = &mut s.workers[usize::from(w)];
+                let change = wk.late.take()?;
+                wk.cache.apply(change, self.cache);
+            }
+            Step::Relist(w) => {
+                let mut cache = s.workers[usize::from(w)].cache;
+                cache.relist(&s, self.cache);
+                let wk = &mut s.workers[usize::from(w)];
+                wk.cache = cache;
+                wk.watching = true;
+            }
+            Step::HandOver(w) => {
+                s.hand_overs -= 1;
+                s.workers[usize::from(w)].hand_over = true;
+            }
+            Step::GiveUpHandOver(w) => s.workers[usize::from(w)].hand_over = false,
             Step::Crash(w) => {
                 s.faults -= 1;
-                let wk = &mut s.workers[usize::from(w)];
-                wk.up = false;
-                wk.frozen = false;
-                wk.local = None;
-                wk.pending = None;
+                s.workers[usize::from(w)] = Worker::down();
             }
             Step::GiveUpOnWrite(w) => {
                 s.faults -= 1;
@@ -610,7 +944,7 @@ impl Model for Cfg {
             }
             Step::DeliverLate(i) => {
                 let msg = s.net.remove(i);
-                self.apply(&mut s, msg);
+                let _ = self.apply(&mut s, msg);
             }
             Step::Freeze(w) => {
                 s.faults -= 1;
@@ -621,6 +955,23 @@ impl Model for Cfg {
                 s.desired_changes -= 1;
                 s.rev += 1;
                 s.desired = (stage, s.rev);
+                let rev = s.rev;
+                s.record(Change::Desired(stage, rev), self.lag);
+            }
+            Step::CutWatch(w) => {
+                s.faults -= 1;
+                let wk = &mut s.workers[usize::from(w)];
+                wk.inbox.clear();
+                wk.late = None;
+                wk.watching = false;
+            }
+            Step::Compact => {
+                s.faults -= 1;
+                for wk in s.workers.iter_mut().filter(|w| !w.inbox.is_empty()) {
+                    wk.inbox.clear();
+                    wk.late = None;
+                    wk.watching = false;
+                }
             }
         }
         Some(s)
@@ -646,6 +997,9 @@ impl Model for Cfg {
             }),
             Property::sometimes("a takeover after an owner's death", |_, s: &State| {
                 s.took_over
+            }),
+            Property::sometimes("a hand-over released to the store", |_, s: &State| {
+                s.handed_over
             }),
             Property::eventually(
                 "observed answers desired once faults stop",
@@ -709,32 +1063,69 @@ fn base() -> Cfg {
         workers: 2,
         fenced: true,
         freeze: false,
-        t_fault: env("MODEL_T_FAULT", 2),
-        t_max: env("MODEL_T_MAX", 7),
-        faults: env("MODEL_FAULTS", 2),
+        cache: CacheRule::NewestWins,
+        t_fault: env("MODEL_T_FAULT", 1),
+        t_max: env("MODEL_T_MAX", 5),
+        faults: env("MODEL_FAULTS", 1),
         desired_changes: env("MODEL_DESIRED", 1),
+        hand_overs: 0,
+        give_up_hand_overs: false,
+        lag: usize::from(env("MODEL_LAG", 2)),
+    }
+}
+
+/// Two faults of any kind, before tick 2, and no desired change.
+fn two_faults() -> Cfg {
+    Cfg {
+        t_fault: 2,
+        t_max: 6,
+        faults: 2,
+        desired_changes: 0,
+        ..base()
+    }
+}
+
+/// A hand-over (never given up), the caches' lag and nothing else; a lag of three
+/// changes, so that an owner's own claim, report and release can all be on their
+/// way to its cache at once.
+fn hand_over() -> Cfg {
+    Cfg {
+        faults: 0,
+        desired_changes: 0,
+        hand_overs: 1,
+        lag: 3,
+        ..base()
+    }
+}
+
+/// Every safety property the protocol promises.
+const SAFETY: [&str; 3] = [
+    "at most one run alive",
+    "no stale-fenced write accepted",
+    "observed never claims more than is true",
+];
+
+fn assert_holds(outcome: &Outcome, properties: &[&str]) {
+    for property in properties {
+        assert!(
+            found(outcome, property).is_none(),
+            "{property} violated:\n{}",
+            found(outcome, property).unwrap_or_default()
+        );
     }
 }
 
 #[test]
 fn the_protocol_keeps_every_property() {
-    let outcome = check("as built", base());
-    for property in [
-        "at most one run alive",
-        "no stale-fenced write accepted",
-        "observed never claims more than is true",
-        "observed answers desired once faults stop",
-    ] {
+    for (name, cfg) in [("as built", base()), ("as built, two faults", two_faults())] {
+        let outcome = check(name, cfg);
+        assert_holds(&outcome, &SAFETY);
+        assert_holds(&outcome, &["observed answers desired once faults stop"]);
         assert!(
-            found(&outcome, property).is_none(),
-            "{property} violated:\n{}",
-            found(&outcome, property).unwrap_or_default()
+            found(&outcome, "a takeover after an owner's death").is_some(),
+            "{name}: no path has a takeover: the faults do not reach the interesting states"
         );
     }
-    assert!(
-        found(&outcome, "a takeover after an owner's death").is_some(),
-        "no path has a takeover: the faults do not reach the interesting states"
-    );
 }
 
 #[test]
@@ -766,4 +1157,47 @@ fn an_unfenced_store_is_caught_accepting_a_stale_write() {
     let path = found(&outcome, "no stale-fenced write accepted")
         .expect("the unfenced variant was not caught: the check is vacuous");
     println!("counterexample (unfenced variant):\n{path}");
+}
+
+/// The stale-cache steps are not vacuous: with the worker's rule (a change no
+/// newer than the one held is ignored) a hand-over keeps one run; a cache that
+/// takes every delivered change, an old one over a newer, lets the old owner
+/// build and resume the task it has just released (its own claim, delivered
+/// late, says the key is still its own) beside the new owner's run.
+#[test]
+fn a_cache_that_takes_old_changes_over_new_ones_is_caught() {
+    let outcome = check("hand-over", hand_over());
+    assert_holds(&outcome, &SAFETY[..2]);
+    assert!(
+        found(&outcome, "a hand-over released to the store").is_some(),
+        "no path completes a hand-over: the hand-over steps do not reach the store"
+    );
+    let outcome = check(
+        "hand-over, cache without revisions",
+        Cfg {
+            cache: CacheRule::LastWins,
+            ..hand_over()
+        },
+    );
+    let path = found(&outcome, "at most one run alive")
+        .expect("a cache that applies a late change over a newer one was not caught: the stale-cache steps are vacuous");
+    println!("counterexample (cache without revisions):\n{path}");
+}
+
+/// Every property with hand-overs among the faults, given up or not. Fails as
+/// built (see the module docs: the defects it shows); run it with `--ignored`.
+#[test]
+#[ignore = "fails as built: a hand-over's Paused report and a release with a lost answer (module docs)"]
+fn hand_overs_keep_every_property() {
+    let outcome = check(
+        "hand-overs among the faults",
+        Cfg {
+            hand_overs: 1,
+            give_up_hand_overs: true,
+            desired_changes: 0,
+            ..base()
+        },
+    );
+    assert_holds(&outcome, &SAFETY);
+    assert_holds(&outcome, &["observed answers desired once faults stop"]);
 }

@@ -7,7 +7,12 @@
 //! keep-alives that fail for a while (so the lease is lost for real: the worker
 //! fences itself, the store expires the lease, another worker takes over), crashes,
 //! restarts under the same worker id, clean shutdowns, an unreachable store, and
-//! pauses of the test's clock. Faults are part of the generated sequence.
+//! pauses of the test's clock; and, for the watched cache, watches cut (every
+//! worker lists again), a compaction (a lagging watch ends and its worker lists
+//! again), watch deliveries delayed (the caches lag) and sent twice. Only the first
+//! 1 to 3 workers join at the start; the others join late, at a restart step, so
+//! the shares change and tasks are handed over. Faults are part of the generated
+//! sequence.
 //!
 //! Checked all along, by probes inside the units and between steps:
 //! - no two runs of a task are ever alive at once (drop guards in the run futures);
@@ -15,7 +20,8 @@
 //!   that owned the task at that instant, and checkpoints only grow (each run
 //!   resumes from the last accepted one);
 //! - an observed status that claims a rest (no run) for the current desired
-//!   revision is true: no run of the task is alive.
+//!   revision is true: no run of the task is alive (checked between steps, and
+//!   at every run's start against the store's current report).
 //!
 //! After the faults stop (every worker restarted, the store healed), every task's
 //! current owner must answer its desired revision within 60 s of virtual time, and
@@ -23,7 +29,12 @@
 //!
 //! 128 cases by default (about 3 s); `PROPTEST_CASES` overrides.
 //!
-//! One plain test beside them: a pause nobody can answer, and one stuck on a run
+//! Beside them, plain tests: 30 tasks on 3 workers, a 4th joins and gets its share
+//! (7 or 8 each) by hand-over with no task stopped or failed and never two runs;
+//! three reproducers of defects the stateright model found, ignored while they
+//! fail (a hand-over given up after its Paused report; a release whose answer is
+//! lost; a late claim that runs a stopped task from a lagging cache);
+//! a pause nobody can answer, and one stuck on a run
 //! that ignores cancellation, time out with an error naming the task, its owner and
 //! the stage it is stuck in; a stop then escalates to abort and is answered. Each case must end
 //! within 30 s of real time.
@@ -106,6 +117,50 @@ impl Probe {
     }
 }
 
+impl Probe {
+    /// Called as a run starts, before it yields: the report the task's current
+    /// owner published must not claim a rest for the current desired revision,
+    /// since a run is alive from now on (an observed stage never claims more than
+    /// is true). Reads the store without yielding, so nothing runs in between.
+    fn check_start(&self, run: u64) {
+        let kvs = self.store.dump();
+        let key = |name: &str| format!("{PREFIX}/tasks/{}/{name}", self.task);
+        let find = |name: &str| kvs.iter().find(|kv| kv.key == key(name));
+        let (Some(owner), Some(desired), Some(observed)) =
+            (find("owner"), find("desired"), find("observed"))
+        else {
+            return;
+        };
+        let text = String::from_utf8_lossy(&observed.value);
+        let field = |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix('='))
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let stage = taskstage::Stage::ALL
+            .into_iter()
+            .find(|s| s.name() == field("stage"));
+        let current = field("owner_revision") == owner.create_revision.to_string();
+        let answers = field("desired_revision") == desired.mod_revision.to_string();
+        let stopped = desired.value == DesiredStage::Stopped.to_string().as_bytes();
+        if stopped && answers && stage == Some(taskstage::Stage::Stopped) {
+            lock(&self.reg).violations.push(format!(
+                "run {run} of {} started after its stop was answered (desired revision {})",
+                self.task, desired.mod_revision
+            ));
+        }
+        if current && answers && stage.is_some_and(taskstage::Stage::is_at_rest) {
+            lock(&self.reg).violations.push(format!(
+                "run {run} of {} started while its owner's report says {} for the current desired revision {}",
+                self.task,
+                field("stage"),
+                desired.mod_revision
+            ));
+        }
+    }
+}
+
 impl Unit for Probe {
     fn name(&self) -> &str {
         "probe"
@@ -125,6 +180,7 @@ impl Unit for Probe {
             }
             run
         };
+        self.check_start(run);
         let _guard = AliveGuard {
             reg: Arc::clone(&self.reg),
             task: self.task.clone(),
@@ -175,10 +231,21 @@ enum Step {
     Desire(usize, DesiredStage),
     FailKeepAlives(usize, u64),
     Crash(usize),
+    /// Joins the worker if it is not running: after a crash, or for the first
+    /// time (a worker that joins late, so that shares change and tasks are
+    /// handed over).
     Restart(usize),
     Shutdown(usize),
     Unreachable(u64),
     Wait(u64),
+    /// Every open watch is lost: each worker lists again.
+    CutWatches,
+    /// The store compacts its history: a watch that lags behind it ends.
+    Compact,
+    /// Every watch delivery waits this long from now on (0: none).
+    WatchDelay(u64),
+    /// Every watch delivery is sent twice from now on (or once again).
+    DuplicateEvents(bool),
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -195,6 +262,10 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (0..WORKERS.len()).prop_map(Step::Shutdown),
         1 => (100u64..3_000).prop_map(Step::Unreachable),
         4 => (10u64..3_000).prop_map(Step::Wait),
+        1 => Just(Step::CutWatches),
+        1 => Just(Step::Compact),
+        1 => prop_oneof![Just(0u64), 10u64..1_500].prop_map(Step::WatchDelay),
+        1 => any::<bool>().prop_map(Step::DuplicateEvents),
     ]
 }
 
@@ -244,7 +315,7 @@ async fn check_observed(controller: &Controller, reg: &Shared) {
     }
 }
 
-async fn run_case(steps: Vec<Step>) -> Result<(), String> {
+async fn run_case(first: usize, steps: Vec<Step>) -> Result<(), String> {
     if std::env::var_os("CLUSTER_TRACE").is_some() {
         let _ = tracing_subscriber::fmt()
             .with_env_filter("taskstage=debug")
@@ -260,9 +331,16 @@ async fn run_case(steps: Vec<Step>) -> Result<(), String> {
             .await
             .map_err(|e| e.to_string())?;
     }
+    // The first `first` workers join now; the others only when a step restarts
+    // them (or when the faults stop): they join late and get their share by
+    // hand-over.
     let mut workers: Vec<Option<Worker>> = Vec::new();
-    for id in WORKERS {
-        workers.push(Some(join(&store, id, &reg).await));
+    for (w, id) in WORKERS.into_iter().enumerate() {
+        workers.push(if w < first {
+            Some(join(&store, id, &reg).await)
+        } else {
+            None
+        });
     }
     let mut desired: Vec<DesiredStage> = vec![DesiredStage::Running; TASKS.len()];
     for step in steps {
@@ -303,6 +381,10 @@ async fn run_case(steps: Vec<Step>) -> Result<(), String> {
                 store.set_unreachable(false);
             }
             Step::Wait(ms) => tokio::time::sleep(Duration::from_millis(ms)).await,
+            Step::CutWatches => store.cut_watches(),
+            Step::Compact => store.compact(),
+            Step::WatchDelay(ms) => store.set_watch_delay(Duration::from_millis(ms)),
+            Step::DuplicateEvents(twice) => store.set_duplicate_watch_events(twice),
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
         check_observed(&controller, &reg).await;
@@ -316,6 +398,8 @@ async fn run_case(steps: Vec<Step>) -> Result<(), String> {
     // down, or ended by a lease lost during the faults, which may happen a moment
     // from now) is joined again, on every turn of the wait below.
     store.set_unreachable(false);
+    store.set_watch_delay(Duration::ZERO);
+    store.set_duplicate_watch_events(false);
     for (t, task) in TASKS.iter().enumerate() {
         // Converged: the answer comes from a live worker (a crashed owner stays the
         // owner until the store expires its lease), or the task is released.
@@ -384,7 +468,10 @@ proptest! {
     })]
 
     #[test]
-    fn the_real_worker_keeps_one_run_and_converges(steps in proptest::collection::vec(step(), 1..24)) {
+    fn the_real_worker_keeps_one_run_and_converges(
+        first in 1..=WORKERS.len(),
+        steps in proptest::collection::vec(step(), 1..24),
+    ) {
         // Virtual time bounds every wait inside a case; this bounds the real time, so
         // that a loop that spins without letting the clock advance fails the test
         // instead of hanging it.
@@ -395,7 +482,7 @@ proptest! {
                 .start_paused(true)
                 .build()
                 .expect("a current-thread runtime");
-            let _ = done.send(runtime.block_on(run_case(steps)));
+            let _ = done.send(runtime.block_on(run_case(first, steps)));
         });
         let result = result
             .recv_timeout(Duration::from_secs(30))
@@ -711,4 +798,358 @@ async fn a_second_stop_writes_nothing_and_builds_nothing() {
     );
     assert_eq!(live.load(SeqCst), 0);
     worker.shutdown().await.expect("a clean shutdown");
+}
+
+/// Fair shares by hand-over: 30 tasks run on 3 workers (10 each); a 4th joins.
+/// Within 30 s of virtual time every worker holds 7 or 8 tasks and each task runs
+/// again, once, under its new owner; no task is stopped or fails on the way, and
+/// never are two runs of a task alive (the probes say so at every run's start).
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_fourth_worker_gets_its_share_by_hand_over_with_nothing_stopped_or_failed() {
+    let store = MemoryCoordinator::new();
+    let reg: Shared = Arc::default();
+    let controller = Controller::new(store.clone(), PREFIX).expect("a controller");
+    let tasks: Vec<String> = (0..30).map(|i| format!("t{i:02}")).collect();
+    for task in &tasks {
+        controller
+            .create(task, Vec::new(), DesiredStage::Running)
+            .await
+            .expect("create");
+    }
+    let mut workers = Vec::new();
+    for id in ["w0", "w1", "w2", "w3"] {
+        if id == "w3" {
+            // Every task runs on the first three, in their shares, before w3 joins.
+            settled(&controller, &workers, &tasks, &reg, &[10, 10, 10]).await;
+        }
+        workers.push(join(&store, id, &reg).await);
+    }
+    settled(&controller, &workers, &tasks, &reg, &[7, 8]).await;
+    let violations = std::mem::take(&mut lock(&reg).violations);
+    assert!(violations.is_empty(), "{}", violations.join("\n"));
+    for worker in workers {
+        worker.shutdown().await.expect("a clean shutdown");
+    }
+}
+
+/// Waits, at most 30 s of virtual time, until each of `workers` holds a number of
+/// tasks in `shares` (one number: exactly that many; two: within them), every task
+/// is observed Running by its current live owner and has exactly one run alive.
+/// Fails at once on a probe's violation, or on a task observed stopped or failed.
+async fn settled(
+    controller: &Controller,
+    workers: &[Worker],
+    tasks: &[String],
+    reg: &Shared,
+    shares: &[usize],
+) {
+    let (low, high) = match shares {
+        [one, two] => (*one, *two),
+        _ => (shares[0], shares[0]),
+    };
+    let mut last = String::new();
+    // Bounded: 300 turns of 100 ms of virtual time.
+    for _ in 0..300 {
+        let violations = std::mem::take(&mut lock(reg).violations);
+        assert!(violations.is_empty(), "{}", violations.join("\n"));
+        let counts: Vec<usize> = workers.iter().map(|w| w.tasks().len()).collect();
+        let live: Vec<i64> = workers.iter().map(Worker::lease).collect();
+        let mut waiting = Vec::new();
+        for task in tasks {
+            let status = controller.status(task).await.expect("a status");
+            if let Some(observed) = &status.observed {
+                assert!(
+                    observed.stage != taskstage::Stage::Stopped && !observed.outcome.is_failed(),
+                    "{task} was stopped or failed on the way: {status:?}"
+                );
+            }
+            assert_eq!(status.desired, DesiredStage::Running, "{task}");
+            let alive = lock(reg).alive.get(task.as_str()).map_or(0, Vec::len);
+            let owned = status.owner_lease.is_some_and(|l| live.contains(&l));
+            if !(owned && status.answers(status.desired_revision) && alive == 1) {
+                waiting.push(format!("{task} ({alive} alive)"));
+            }
+        }
+        if waiting.is_empty() && counts.iter().all(|c| (low..=high).contains(c)) {
+            return;
+        }
+        last = format!("held {counts:?}, not yet Running once: {waiting:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("no fair shares {shares:?} within 30 s: {last}");
+}
+
+/// Reproduces a defect of the hand-over as built (found by the stateright model):
+/// a hand-over given up while its pause's report is on its way. w0 runs both tasks;
+/// w1 joins, so w0 yields one and publishes Paused for the current desired
+/// revision; before that report lands (the store hangs for a moment) w1's lease
+/// ends, w0's share grows back and it gives the hand-over up; once the report lands
+/// w0 resumes the task under the same desired revision, and the stored report says
+/// Paused while the run is alive (the probe at every run's start reads it).
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+#[ignore = "fails as built: a hand-over given up after its Paused report resumes the run under that report"]
+async fn a_hand_over_given_up_leaves_no_report_that_claims_a_rest() {
+    let store = MemoryCoordinator::new();
+    let reg: Shared = Arc::default();
+    let controller = Controller::new(store.clone(), PREFIX).expect("a controller");
+    let tasks: Vec<String> = TASKS.iter().map(|t| (*t).to_owned()).collect();
+    for task in &tasks {
+        controller
+            .create(task, Vec::new(), DesiredStage::Running)
+            .await
+            .expect("create");
+    }
+    let w0 = join(&store, "w0", &reg).await;
+    settled(&controller, std::slice::from_ref(&w0), &tasks, &reg, &[2]).await;
+    let w1 = join(&store, "w1", &reg).await;
+    // Bounded: 100,000 turns of the runtime, no virtual time.
+    let paused = 'found: {
+        for _ in 0..100_000 {
+            for task in TASKS {
+                let id = TaskId::new(task).expect("a valid id");
+                if w0
+                    .observer(&id)
+                    .is_some_and(|o| o.stage() == taskstage::Stage::Paused)
+                {
+                    store.set_hanging(true);
+                    break 'found Some(task);
+                }
+            }
+            tokio::task::yield_now().await;
+        }
+        None
+    };
+    let task = paused.expect("w0 never paused a task to hand it over");
+    store.expire_lease(w1.lease());
+    for _ in 0..1_000 {
+        tokio::task::yield_now().await;
+    }
+    store.set_hanging(false);
+    // Long enough for the report to land and the run to start again (virtual).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let violations = std::mem::take(&mut lock(&reg).violations);
+    drop(w1);
+    w0.shutdown().await.expect("a clean shutdown");
+    assert!(violations.is_empty(), "{task}: {}", violations.join("\n"));
+}
+
+/// One worker's door to the store that loses the answer to its first release of
+/// an owner key once armed (the store applies the release, the worker hears an
+/// error), and from that moment holds back what its watches deliver: its cache
+/// still says the key is its own. Its claims can be held on their way too.
+#[derive(Clone)]
+struct LostRelease {
+    store: MemoryCoordinator,
+    armed: Arc<std::sync::atomic::AtomicBool>,
+    held: Arc<tokio::sync::watch::Sender<bool>>,
+    /// While true, the worker's claims wait on their way to the store.
+    claims_wait: Arc<tokio::sync::watch::Sender<bool>>,
+}
+
+impl LostRelease {
+    fn new(store: &MemoryCoordinator) -> Self {
+        LostRelease {
+            store: store.clone(),
+            armed: Arc::default(),
+            held: Arc::new(tokio::sync::watch::channel(false).0),
+            claims_wait: Arc::new(tokio::sync::watch::channel(false).0),
+        }
+    }
+}
+
+impl taskstage::cluster::Coordinator for LostRelease {
+    fn grant(
+        &self,
+        ttl: Duration,
+    ) -> taskstage::cluster::BoxFuture<'_, Result<taskstage::cluster::Grant, ClusterError>> {
+        self.store.grant(ttl)
+    }
+
+    fn keep_alive(
+        &self,
+        lease: i64,
+    ) -> taskstage::cluster::BoxFuture<'_, Result<taskstage::cluster::KeepAlive, ClusterError>>
+    {
+        self.store.keep_alive(lease)
+    }
+
+    fn revoke(&self, lease: i64) -> taskstage::cluster::BoxFuture<'_, Result<(), ClusterError>> {
+        self.store.revoke(lease)
+    }
+
+    fn list(
+        &self,
+        prefix: String,
+    ) -> taskstage::cluster::BoxFuture<'_, Result<taskstage::cluster::Listing, ClusterError>> {
+        self.store.list(prefix)
+    }
+
+    fn txn(
+        &self,
+        txn: taskstage::cluster::Txn,
+    ) -> taskstage::cluster::BoxFuture<'_, Result<taskstage::cluster::TxnResult, ClusterError>>
+    {
+        Box::pin(async move {
+            let claims = txn
+                .when
+                .iter()
+                .any(|c| matches!(c, taskstage::cluster::Compare::Absent(_)));
+            if claims {
+                // Ends when the test lets claims through; the sender lives in `self`.
+                let _ = self.claims_wait.subscribe().wait_for(|w| !*w).await;
+            }
+            let releases = txn.then.iter().any(|op| {
+                matches!(op, taskstage::cluster::Op::Delete { key } if key.ends_with("/owner"))
+            });
+            // SeqCst: a flag read and written on the test's one thread.
+            let lose = releases && self.armed.swap(false, std::sync::atomic::Ordering::SeqCst);
+            if !lose {
+                return self.store.txn(txn).await;
+            }
+            self.held.send_replace(true);
+            let applied = self.store.txn(txn).await;
+            assert!(
+                applied.is_ok_and(|r| r.succeeded),
+                "the release to lose was not applied"
+            );
+            Err(ClusterError::Unreachable {
+                op: "txn",
+                detail: "the answer was lost".into(),
+            })
+        })
+    }
+
+    fn watch(
+        &self,
+        prefix: String,
+        from: i64,
+    ) -> taskstage::cluster::BoxFuture<'_, Result<taskstage::cluster::WatchStream, ClusterError>>
+    {
+        Box::pin(async move {
+            let mut inner = self.store.watch(prefix, from).await?;
+            let (tx, stream) = taskstage::cluster::watch_channel(64);
+            let mut held = self.held.subscribe();
+            // Bounded by the watch: it ends when either side ends.
+            tokio::spawn(async move {
+                while let Some(message) =
+                    std::future::poll_fn(|cx| inner.as_mut().poll_next(cx)).await
+                {
+                    if held.wait_for(|h| !*h).await.is_err() || tx.send(message).await.is_err() {
+                        return;
+                    }
+                }
+            });
+            Ok(stream)
+        })
+    }
+
+    fn wait_change(
+        &self,
+        prefix: String,
+        after: i64,
+        timeout: Duration,
+    ) -> taskstage::cluster::BoxFuture<'_, Result<(), ClusterError>> {
+        self.store.wait_change(prefix, after, timeout)
+    }
+}
+
+/// Reproduces a defect of the hand-over as built (found by the stateright model):
+/// a release whose answer is lost. w0 runs both tasks; w1 joins, so w0 hands one
+/// over: it pauses it, reports, and releases; the store applies the release but
+/// w0 hears an error, and its watch lags. w1 claims the task and runs it. w0
+/// releases again, is refused (the key is w1's), fences the task, drops it, and,
+/// its cache still saying the key is its own, builds and resumes it: two runs.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+#[ignore = "fails as built: after a release with a lost answer the old owner rebuilds the task from its stale cache"]
+async fn a_release_whose_answer_is_lost_never_leaves_two_runs() {
+    let store = MemoryCoordinator::new();
+    let reg: Shared = Arc::default();
+    let controller = Controller::new(store.clone(), PREFIX).expect("a controller");
+    let tasks: Vec<String> = TASKS.iter().map(|t| (*t).to_owned()).collect();
+    for task in &tasks {
+        controller
+            .create(task, Vec::new(), DesiredStage::Running)
+            .await
+            .expect("create");
+    }
+    let door = LostRelease::new(&store);
+    let w0 = Worker::builder(door.clone(), PREFIX, "w0")
+        .ttl(Duration::from_secs(2))
+        .stop_bound(Duration::from_millis(600))
+        .resync(Duration::from_millis(200))
+        .join(factory(Arc::clone(&reg), store.clone()))
+        .await
+        .expect("join");
+    settled(&controller, std::slice::from_ref(&w0), &tasks, &reg, &[2]).await;
+    door.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+    let w1 = join(&store, "w1", &reg).await;
+    // Virtual time enough for the hand-over, the claim and the retries.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let violations = std::mem::take(&mut lock(&reg).violations);
+    door.held.send_replace(false);
+    w1.shutdown().await.expect("a clean shutdown");
+    let _ = w0.shutdown().await;
+    assert!(
+        !door.armed.load(std::sync::atomic::Ordering::SeqCst),
+        "no release was lost: the test did not reach its case"
+    );
+    assert!(violations.is_empty(), "{}", violations.join("\n"));
+}
+
+/// Reproduces a defect of the cache as built (found by the stateright model): a
+/// claim that reaches the store late, decided from a cache that lags. z0 joins
+/// alone and lists the task (unowned, desired Running); its claim waits on its way
+/// and its watches lag (it does not learn that a1 joined). a1 joins (the first
+/// member by key, so the one task is its share), claims the task, runs it, and
+/// stops it for good (the stop is answered, the key released). Then z0's claim
+/// arrives, the key being absent it succeeds, and z0 builds and resumes the task
+/// from its cache, which still says Running: a stopped task runs again.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+#[ignore = "fails as built: a late claim builds and resumes a stopped task from a lagging cache"]
+async fn a_late_claim_never_runs_a_task_whose_stop_was_answered() {
+    let store = MemoryCoordinator::new();
+    let reg: Shared = Arc::default();
+    let controller = Controller::new(store.clone(), PREFIX).expect("a controller");
+    controller
+        .create("t", Vec::new(), DesiredStage::Running)
+        .await
+        .expect("create");
+    let door = LostRelease::new(&store);
+    door.claims_wait.send_replace(true);
+    door.held.send_replace(true);
+    let z0 = Worker::builder(door.clone(), PREFIX, "z0")
+        .ttl(Duration::from_secs(2))
+        .stop_bound(Duration::from_millis(600))
+        .resync(Duration::from_millis(200))
+        .op_timeout(Duration::from_secs(5))
+        .join(factory(Arc::clone(&reg), store.clone()))
+        .await
+        .expect("join");
+    // z0 lists the task and sends its claim.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let a1 = join(&store, "a1", &reg).await;
+    controller
+        .resume_within("t", Duration::from_secs(2))
+        .await
+        .expect("a1 runs the task");
+    let stopped = controller
+        .stop_within("t", Duration::from_secs(2))
+        .await
+        .expect("a1 stops the task");
+    assert_eq!(stopped.stage, taskstage::Stage::Stopped);
+    // Bounded: 100 turns of 20 ms of virtual time.
+    for _ in 0..100 {
+        if a1.tasks().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(a1.tasks().is_empty(), "a1 did not release the task");
+    door.claims_wait.send_replace(false);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let violations = std::mem::take(&mut lock(&reg).violations);
+    door.held.send_replace(false);
+    let _ = a1.shutdown().await;
+    let _ = z0.shutdown().await;
+    assert!(violations.is_empty(), "{}", violations.join("\n"));
 }
