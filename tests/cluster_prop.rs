@@ -31,9 +31,10 @@
 //!
 //! Beside them, plain tests: 30 tasks on 3 workers, a 4th joins and gets its share
 //! (7 or 8 each) by hand-over with no task stopped or failed and never two runs;
-//! three reproducers of defects the stateright model found, ignored while they
-//! fail (a hand-over given up after its Paused report; a release whose answer is
-//! lost; a late claim that runs a stopped task from a lagging cache);
+//! three reproducers of defects the stateright model found in the worker as first
+//! written for the cache, each seen to fail before its fix (a hand-over given up
+//! after its Paused report; a release whose answer is lost; a late claim that runs
+//! a stopped task from a lagging cache);
 //! a pause nobody can answer, and one stuck on a run
 //! that ignores cancellation, time out with an error naming the task, its owner and
 //! the stage it is stuck in; a stop then escalates to abort and is answered. Each case must end
@@ -879,7 +880,7 @@ async fn settled(
     panic!("no fair shares {shares:?} within 30 s: {last}");
 }
 
-/// Reproduces a defect of the hand-over as built (found by the stateright model):
+/// Reproduces a defect of the hand-over as first built (found by the stateright model):
 /// a hand-over given up while its pause's report is on its way. w0 runs both tasks;
 /// w1 joins, so w0 yields one and publishes Paused for the current desired
 /// revision; before that report lands (the store hangs for a moment) w1's lease
@@ -887,7 +888,6 @@ async fn settled(
 /// w0 resumes the task under the same desired revision, and the stored report says
 /// Paused while the run is alive (the probe at every run's start reads it).
 #[tokio::test(flavor = "current_thread", start_paused = true)]
-#[ignore = "fails as built: a hand-over given up after its Paused report resumes the run under that report"]
 async fn a_hand_over_given_up_leaves_no_report_that_claims_a_rest() {
     let store = MemoryCoordinator::new();
     let reg: Shared = Arc::default();
@@ -1053,14 +1053,13 @@ impl taskstage::cluster::Coordinator for LostRelease {
     }
 }
 
-/// Reproduces a defect of the hand-over as built (found by the stateright model):
+/// Reproduces a defect of the hand-over as first built (found by the stateright model):
 /// a release whose answer is lost. w0 runs both tasks; w1 joins, so w0 hands one
 /// over: it pauses it, reports, and releases; the store applies the release but
 /// w0 hears an error, and its watch lags. w1 claims the task and runs it. w0
 /// releases again, is refused (the key is w1's), fences the task, drops it, and,
 /// its cache still saying the key is its own, builds and resumes it: two runs.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
-#[ignore = "fails as built: after a release with a lost answer the old owner rebuilds the task from its stale cache"]
 async fn a_release_whose_answer_is_lost_never_leaves_two_runs() {
     let store = MemoryCoordinator::new();
     let reg: Shared = Arc::default();
@@ -1096,7 +1095,7 @@ async fn a_release_whose_answer_is_lost_never_leaves_two_runs() {
     assert!(violations.is_empty(), "{}", violations.join("\n"));
 }
 
-/// Reproduces a defect of the cache as built (found by the stateright model): a
+/// Reproduces a defect of the cache as first built (found by the stateright model): a
 /// claim that reaches the store late, decided from a cache that lags. z0 joins
 /// alone and lists the task (unowned, desired Running); its claim waits on its way
 /// and its watches lag (it does not learn that a1 joined). a1 joins (the first
@@ -1105,7 +1104,6 @@ async fn a_release_whose_answer_is_lost_never_leaves_two_runs() {
 /// arrives, the key being absent it succeeds, and z0 builds and resumes the task
 /// from its cache, which still says Running: a stopped task runs again.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
-#[ignore = "fails as built: a late claim builds and resumes a stopped task from a lagging cache"]
 async fn a_late_claim_never_runs_a_task_whose_stop_was_answered() {
     let store = MemoryCoordinator::new();
     let reg: Shared = Arc::default();

@@ -34,8 +34,10 @@
 //!    run failed is not handed over (its failure is the answer, invariant 4). Once
 //!    its rest is published for the current desired revision, the hand-over is
 //!    carried through even if it is given up: resuming under that report would
-//!    leave a rest report standing while a run is alive (the stateright model
-//!    found this one).
+//!    leave a rest report standing while a run is alive; and once a release was
+//!    sent, the worker hands the task over whatever happens (a release whose
+//!    answer was lost may still land, and another worker start the task). The
+//!    stateright model found both.
 
 use crate::stage::Stage;
 
@@ -106,7 +108,8 @@ pub struct TaskView {
     /// Whether the worker has room for one more task.
     pub capacity_left: bool,
     /// Whether the worker hands this task over to another (it holds more than its
-    /// fair share): pause, publish, release (invariant 6).
+    /// fair share, or a release of its key was already sent): pause, publish,
+    /// release (invariant 6).
     pub hand_over: bool,
     /// Whether the local task was paused for a hand-over since its last resume: if
     /// the hand-over is given up, it is resumed again for the same revision.

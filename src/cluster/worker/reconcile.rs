@@ -49,6 +49,12 @@ struct Running {
     acted: Option<i64>,
     /// Paused for a hand-over since the last resume.
     yielded: bool,
+    /// A release of the key was sent: whatever its answer, the task never runs
+    /// again under this token (a release whose answer was lost may still land).
+    releasing: bool,
+    /// The desired revision of the last rest report (New, Paused) sent, answered
+    /// or not: a report whose answer was lost may still land.
+    rest_sent: Option<i64>,
     stopping: Option<JoinHandle<()>>,
     forwarder: JoinHandle<()>,
 }
@@ -428,7 +434,17 @@ impl Reconciler {
             fence_rejected: running_ref.is_some_and(|r| r.fencer.is_rejected()),
             stopping: running_ref.is_some_and(|r| r.stopping.is_some()),
             capacity_left: self.capacity_left(),
-            hand_over: self.handing_over.contains(task),
+            // A hand-over is carried through once its release was sent, or once a
+            // rest report for this revision was (decide, invariant 6): either may
+            // land late, after a resume.
+            hand_over: self.handing_over.contains(task)
+                || running_ref.is_some_and(|r| {
+                    r.releasing
+                        || (r.rest_sent.is_some()
+                            && desired.is_some_and(|(stage, rev)| {
+                                stage == DesiredStage::Running && r.rest_sent == Some(rev)
+                            }))
+                }),
             yielded: running_ref.is_some_and(|r| r.yielded),
         };
         let starved = view.local.is_none()
@@ -602,6 +618,14 @@ impl Reconciler {
                     owner: inner.id.clone(),
                     owner_revision: slot.token.revision,
                 };
+                if report.stage.is_at_rest() {
+                    if let Some(running) = self.running(task) {
+                        running.rest_sent = Some(report.desired_revision);
+                    }
+                }
+                let Some(running) = self.slots.get(task).and_then(|s| s.task.as_ref()) else {
+                    return;
+                };
                 let key = inner.keys.observed(task);
                 let value = status.encode();
                 let ops = vec![Op::Put {
@@ -616,9 +640,10 @@ impl Reconciler {
                 });
             }
             Action::Release => {
-                let Some(running) = self.slots.get(task).and_then(|s| s.task.as_ref()) else {
+                let Some(running) = self.running(task) else {
                     return;
                 };
+                running.releasing = true;
                 let key = inner.keys.owner(task);
                 let ops = vec![Op::Delete { key: key.clone() }];
                 let fencer = running.fencer.clone();
@@ -950,6 +975,8 @@ fn build(
         fencer,
         acted: None,
         yielded: false,
+        releasing: false,
+        rest_sent: None,
         stopping: None,
         forwarder,
     })
