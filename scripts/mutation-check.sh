@@ -1456,31 +1456,7 @@ m104() {
 EOF
 }
 
-m105() {
-  WHERE="cluster/worker/reconcile.rs: Reconciler::step, hand_over"
-  MUTANT="a task whose release was sent may run again under the same token when the hand-over is given up"
-  SUITE="--all-features --test cluster_prop a_release_whose_answer_is_lost"
-  edit src/cluster/worker/reconcile.rs <<'EOF'
-                    r.releasing
-                        || (r.rest_sent.is_some()
-@@@@
-                    false
-                        || (r.rest_sent.is_some()
-EOF
-}
 
-m106() {
-  WHERE="cluster/worker/reconcile.rs: Reconciler::done, Confirmed"
-  MUTANT="a key the store refused to confirm is adopted all the same"
-  SUITE="--all-features --test cluster_prop a_release_whose_answer_is_lost"
-  edit src/cluster/worker/reconcile.rs <<'EOF'
-            Some(Done::Confirmed { token, result }) => match result {
-                Ok(_) => {
-@@@@
-            Some(Done::Confirmed { token, result }) => match result.or(Ok::<i64, ClusterError>(0)) {
-                Ok(_) => {
-EOF
-}
 
 ALL=$(declare -F | awk '$3 ~ /^m[0-9]+$/ { print substr($3, 2) }' | sort -n | tr '\n' ' ')
 SELECTED=${MUTANTS:-$ALL}
