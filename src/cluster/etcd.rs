@@ -308,6 +308,9 @@ const WATCH_BUFFER: usize = 64;
 /// sends nothing for two periods has lost the watch.
 const WATCH_PROGRESS_EVERY: Duration = Duration::from_secs(2);
 
+/// How often a watch checks that the coordinator still talks to its member.
+const WATCH_MEMBER_CHECK_EVERY: Duration = Duration::from_millis(250);
+
 /// The first key after every key that starts with `prefix` (etcd's range end).
 fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     let mut end = prefix.to_vec();
@@ -337,9 +340,12 @@ fn convert_kv(kv: &etcd_client::KeyValue) -> Result<KeyValue, ClusterError> {
 /// Forwards one etcd watch to its [`WatchStream`] until either end goes away.
 ///
 /// Bounded by both ends: it returns when the watcher drops the stream, when the
-/// member ends or cancels the watch, or when the member is silent for two progress
-/// periods (a hung member: the watcher then reads again, and the coordinator has
-/// moved on to the next member).
+/// member ends or cancels the watch, when the member is silent for two progress
+/// periods (a hung member), or when the coordinator has moved on to another member
+/// because a call to this one failed. A member cut off from the others' quorum
+/// still answers progress requests from its own stale state, and sends no change:
+/// its failed calls (a keep-alive needs the leader) are what tell. The watcher then
+/// reads again, on the member the coordinator talks to now.
 async fn forward_watch(
     coordinator: EtcdCoordinator,
     index: usize,
@@ -349,6 +355,8 @@ async fn forward_watch(
     let (mut requests, mut responses) = stream.split();
     let mut ticker = tokio::time::interval(WATCH_PROGRESS_EVERY);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut member_check = tokio::time::interval(WATCH_MEMBER_CHECK_EVERY);
+    member_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut heard = true;
     let lost = |detail: String| {
         Err(ClusterError::Unreachable {
@@ -359,6 +367,17 @@ async fn forward_watch(
     loop {
         tokio::select! {
             _ = tx.closed() => return,
+            _ = member_check.tick() => {
+                let current = coordinator.lock().index;
+                if current != index {
+                    let _ = tx.send(lost(format!(
+                        "{}: left for {} after a failed call",
+                        coordinator.inner.endpoints[index],
+                        coordinator.inner.endpoints[current]
+                    ))).await;
+                    return;
+                }
+            }
             _ = ticker.tick() => {
                 if !heard {
                     coordinator.failed(index);
