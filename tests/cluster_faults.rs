@@ -511,7 +511,10 @@ async fn owner_frozen_past_its_lease(unfenced: bool) -> Option<(Verdict, Duratio
                 h.alive_runs_of(w1) == 0
             })
             .await;
-        fleet.answered("t", LIVENESS, is("w2")).await;
+        // By w2, or by w1 joined again under a new lease, which w2 may hand the
+        // task over to (fair shares: one task, two members): the checker below says
+        // whether that was safe.
+        fleet.answered("t", LIVENESS, |_| true).await;
     }
     Some((fleet.verdict(&tasks(&["t"])).await, takeover))
 }
@@ -615,7 +618,9 @@ async fn a_worker_cut_off_from_etcd_stops_its_run_before_another_starts() {
     fleet
         .history_shows(LIVENESS, "w1's run dropped", |h| h.alive_runs_of(w1) == 0)
         .await;
-    fleet.answered("t", LIVENESS, is("w2")).await;
+    // By w2, or by w1 joined again, which w2 may hand the task over to (fair
+    // shares): the checker below says whether that was safe.
+    fleet.answered("t", LIVENESS, |_| true).await;
     let verdict = fleet.verdict(&tasks(&["t"])).await;
     // No freeze here: the cut-off owner stopped its run before its lease could
     // expire, so no allowance was needed.
