@@ -1458,6 +1458,17 @@ EOF
 
 
 
+m105() {
+  WHERE="cluster/coord.rs: WatchEvent::revision"
+  MUTANT="a watched deletion reports revision 0: the cache, which keeps the newest change of each key, ignores every deletion"
+  SUITE="--features etcd --lib cluster::worker::view"
+  edit src/cluster/coord.rs <<'EOF'
+            WatchEvent::Delete { revision, .. } => *revision,
+@@@@
+            WatchEvent::Delete { .. } => 0,
+EOF
+}
+
 ALL=$(declare -F | awk '$3 ~ /^m[0-9]+$/ { print substr($3, 2) }' | sort -n | tr '\n' ' ')
 SELECTED=${MUTANTS:-$ALL}
 for n in $SELECTED; do
