@@ -183,9 +183,9 @@ m1() {
   MUTANT="the unit is not handed back in the PrepOk report (None instead of the held unit): it is not in its slot when Paused is published"
   SUITE="--test truth"
   edit src/lifecycle/driver.rs <<'EOF'
-                    .report_prepared(start.generation, Exit::Ok, held);
+                let mut applied = driver.core.report_prepared(generation, Exit::Ok, held);
 @@@@
-                    .report_prepared(start.generation, Exit::Ok, None);
+                let mut applied = driver.core.report_prepared(generation, Exit::Ok, None);
 EOF
 }
 
@@ -209,9 +209,9 @@ m3() {
   edit src/lifecycle/driver.rs <<'EOF'
                 close_one(&mut unit);
                 drop(unit);
-                let applied = driver.core.report_exit(start.generation, Exit::Ok, None);
+                let applied = driver.core.report_exit(generation, Exit::Ok, None);
 @@@@
-                let applied = driver.core.report_exit(start.generation, Exit::Ok, None);
+                let applied = driver.core.report_exit(generation, Exit::Ok, None);
                 close_one(&mut unit);
                 drop(unit);
 EOF
@@ -482,10 +482,10 @@ m24() {
   MUTANT="only a resume's check is raced against the cancel: the first start's check is not dropped by a pause or a stop"
   SUITE="--test runtime"
   edit src/lifecycle/driver.rs <<'EOF'
-            let interrupt = pin!(start.cancel.interrupted(kind == StartKind::Prepare));
+            let interrupt = pin!(plan.cancel.interrupted(kind == StartKind::Prepare));
 @@@@
             let interrupt =
-                pin!(start.cancel.interrupted(kind == StartKind::Prepare && start.resume));
+                pin!(plan.cancel.interrupted(kind == StartKind::Prepare && plan.resume));
 EOF
 }
 
@@ -1272,7 +1272,11 @@ m89() {
   MUTANT="a stop of a task already desired Stopped writes a new desired revision (a worker rebuilds the released task to answer it)"
   SUITE="--all-features --test cluster_prop a_second_stop"
   edit src/cluster/controller.rs <<'EOF'
-            return Ok((status.desired_revision, status));
+            return Ok(Set {
+                revision: status.desired_revision,
+                before: status,
+                watch,
+            });
 @@@@
             // (a new revision is written)
 EOF

@@ -391,8 +391,9 @@ fn close_one<K, C, U: Work<K, C>>(unit: &mut U) {
 }
 
 /// Reports a cancelled exit if the future of a check or run is dropped before it
-/// reported (a runtime shutting down drops its tasks). Declared first in [`run`], so
-/// it is dropped last: after the unit and the run's future (invariant 2). Until the
+/// reported (a runtime shutting down drops its tasks). A parameter of [`run_armed`],
+/// it is dropped after the unit and the run's future, locals of its loop (invariant
+/// 2). It holds the kind and generation of the current start, once. Until the
 /// future is first polled it holds the unit, so a start dropped unpolled (a spawn
 /// on a runtime that has shut down) hands the unit back to its slot, where a stop
 /// still closes it; dropped mid-run, the unit is lost with the run's future.
@@ -480,21 +481,74 @@ where
     // Made before the future is first polled and moved into it: a future dropped
     // unpolled (a runtime shutting down right after the spawn, or a spawn on one
     // that has shut down) drops its captures, so the guard still reports the start
-    // (invariant 4), and hands the unit it holds back to its slot.
-    let mut start = start;
-    let guard = ExitGuard {
-        driver: Arc::clone(&driver),
-        kind: start.kind,
-        generation: start.generation,
-        armed: true,
-        held: start.held.take(),
-    };
-    run_armed(driver, start, guard)
+    // (invariant 4), and hands the unit it holds back to its slot. The start is taken
+    // apart so that its kind, generation and unit are held once, by the guard: the
+    // future is the run's tokio task, and every byte of it is a byte of every task.
+    let (plan, guard) = Plan::split(&driver, start);
+    run_armed(driver, plan, guard)
+}
+
+/// What a start says besides its kind, generation and unit, which the [`ExitGuard`]
+/// holds.
+struct Plan<K, C> {
+    unit: usize,
+    resume: bool,
+    cancel: K,
+    config: Arc<C>,
+}
+
+impl<K: CancelHandle, C: Send + Sync + 'static> Plan<K, C> {
+    fn split<U, R>(
+        driver: &Arc<Driver<K, C, U, R>>,
+        start: Start<K, C, U>,
+    ) -> (Self, ExitGuard<K, C, U, R>)
+    where
+        U: Work<K, C>,
+        R: Runtime,
+    {
+        let Start {
+            kind,
+            generation,
+            unit,
+            resume,
+            cancel,
+            config,
+            held,
+        } = start;
+        let guard = ExitGuard {
+            driver: Arc::clone(driver),
+            kind,
+            generation,
+            armed: true,
+            held,
+        };
+        let plan = Plan {
+            unit,
+            resume,
+            cancel,
+            config,
+        };
+        (plan, guard)
+    }
+}
+
+impl<K, C> Plan<K, C> {
+    /// The plan and unit of a launch that continues a passed check in its future (its
+    /// generation is the check's).
+    fn continue_with<U>(launch: Start<K, C, U>) -> (Self, Option<U>) {
+        let plan = Plan {
+            unit: launch.unit,
+            resume: launch.resume,
+            cancel: launch.cancel,
+            config: launch.config,
+        };
+        (plan, launch.held)
+    }
 }
 
 async fn run_armed<K, C, U, R>(
     driver: Arc<Driver<K, C, U, R>>,
-    mut start: Start<K, C, U>,
+    mut plan: Plan<K, C>,
     mut guard: ExitGuard<K, C, U, R>,
 ) where
     K: CancelHandle,
@@ -505,29 +559,28 @@ async fn run_armed<K, C, U, R>(
     #[cfg(taskstage_loom)]
     driver
         .installed
-        .store(start.generation, crate::sync::Ordering::SeqCst);
-    // The unit leaves the guard at the first poll (see ExitGuard).
-    start.held = guard.held.take();
+        .store(guard.generation, crate::sync::Ordering::SeqCst);
     loop {
-        let Some(mut unit) = start.held.take() else {
+        let (kind, generation) = (guard.kind, guard.generation);
+        // The unit leaves the guard here, at the first poll (see ExitGuard).
+        let Some(mut unit) = guard.held.take() else {
             guard.armed = false;
             let gone = RunError::msg(format!(
                 "unit {} is gone: a run that held it was dropped without returning it",
-                start.unit
+                plan.unit
             ));
-            let applied = driver.report(start.kind, start.generation, Exit::Failed(gone), None);
+            let applied = driver.report(kind, generation, Exit::Failed(gone), None);
             Driver::carry_out_in_run(&driver, applied);
             return;
         };
         let exit = {
             let info = || RunInfo {
-                generation: start.generation,
-                unit: start.unit,
-                resume: start.resume,
-                cancel: &start.cancel,
-                config: &start.config,
+                generation,
+                unit: plan.unit,
+                resume: plan.resume,
+                cancel: &plan.cancel,
+                config: &plan.config,
             };
-            let kind = start.kind;
             let unit = &mut unit;
             let work = async move {
                 match catch_unwind(AssertUnwindSafe(|| unit.apply_config(info().config))) {
@@ -549,7 +602,7 @@ async fn run_armed<K, C, U, R>(
             };
             // A pause or stop drops a check at once (fast quit); a run is told through
             // its token and returns by itself, unless it is aborted.
-            let interrupt = pin!(start.cancel.interrupted(kind == StartKind::Prepare));
+            let interrupt = pin!(plan.cancel.interrupted(kind == StartKind::Prepare));
             match race(interrupt, pin!(work)).await {
                 Ended::Aborted | Ended::Cancelled => Exit::Cancelled,
                 Ended::Done(exit) => exit,
@@ -557,12 +610,12 @@ async fn run_armed<K, C, U, R>(
         };
         // The check's or run's future has been dropped by now (the block above).
         guard.armed = false;
-        match (start.kind, exit) {
+        match (kind, exit) {
             (StartKind::Launch, Exit::Ok) => {
                 // Invariant 9b: the completed unit is closed before its report.
                 #[cfg(taskstage_loom)]
                 if super::prefix::on(super::prefix::Defect::CloseAfterPublish) {
-                    let applied = driver.core.report_exit(start.generation, Exit::Ok, None);
+                    let applied = driver.core.report_exit(generation, Exit::Ok, None);
                     close_one(&mut unit);
                     drop(unit);
                     Driver::carry_out_in_run(&driver, applied);
@@ -570,7 +623,7 @@ async fn run_armed<K, C, U, R>(
                 }
                 close_one(&mut unit);
                 drop(unit);
-                let applied = driver.core.report_exit(start.generation, Exit::Ok, None);
+                let applied = driver.core.report_exit(generation, Exit::Ok, None);
                 Driver::carry_out_in_run(&driver, applied);
                 return;
             }
@@ -587,29 +640,26 @@ async fn run_armed<K, C, U, R>(
                 } else {
                     (Some(unit), None)
                 };
-                let mut applied = driver
-                    .core
-                    .report_prepared(start.generation, Exit::Ok, held);
+                let mut applied = driver.core.report_prepared(generation, Exit::Ok, held);
                 match applied.start.take() {
                     Some(mut launch)
-                        if launch.kind == StartKind::Launch
-                            && launch.generation == start.generation =>
+                        if launch.kind == StartKind::Launch && launch.generation == generation =>
                     {
                         if let Some(unit) = kept {
-                            driver.late_hand_back(start.unit, unit, Some(&mut launch));
+                            driver.late_hand_back(plan.unit, unit, Some(&mut launch));
                         }
                         // No await from the report to here: this future cannot be
                         // dropped while the launch is unreported.
                         guard.kind = StartKind::Launch;
                         guard.armed = true;
                         Driver::carry_out_in_run(&driver, applied);
-                        start = launch;
+                        (plan, guard.held) = Plan::continue_with(launch);
                         continue;
                     }
                     other => {
                         applied.start = other;
                         if let Some(unit) = kept {
-                            driver.late_hand_back(start.unit, unit, None);
+                            driver.late_hand_back(plan.unit, unit, None);
                         }
                         Driver::carry_out_in_run(&driver, applied);
                         return;
@@ -623,11 +673,11 @@ async fn run_armed<K, C, U, R>(
                     && super::prefix::on(super::prefix::Defect::LoseUnitOnFailedCheck)
                 {
                     drop(unit);
-                    let applied = driver.report(kind, start.generation, exit, None);
+                    let applied = driver.report(kind, generation, exit, None);
                     Driver::carry_out_in_run(&driver, applied);
                     return;
                 }
-                let applied = driver.report(kind, start.generation, exit, Some(unit));
+                let applied = driver.report(kind, generation, exit, Some(unit));
                 Driver::carry_out_in_run(&driver, applied);
                 return;
             }
