@@ -1473,6 +1473,37 @@ m105() {
 EOF
 }
 
+m106() {
+  WHERE="cluster/worker/reconcile.rs: Reconciler::step, hand_over"
+  MUTANT="a task whose release was sent is resumed when its hand-over is given up: the release, its answer lost, lands late and another worker runs the task beside it"
+  SUITE="--all-features --test cluster_promises a_hand_over_whose_release_was_sent"
+  edit src/cluster/worker/reconcile.rs <<'EOF'
+                    r.releasing
+                        || (r.rest_sent.is_some()
+@@@@
+                    (r.rest_sent.is_some()
+EOF
+}
+
+m107() {
+  WHERE="cluster/worker/reconcile.rs: Reconciler::done, Confirmed"
+  MUTANT="a key the store refused to confirm is adopted all the same: a cache that lags behind a lost release's answer runs the task beside its new owner"
+  SUITE="--all-features --test cluster_promises a_key_the_store_refuses_to_confirm"
+  edit src/cluster/worker/reconcile.rs <<'EOF'
+                    self.dead.insert(task.clone(), token.revision);
+                    again = false; // the watch shows whose it is
+@@@@
+                    inner.view().insert(
+                        task.clone(),
+                        Held {
+                            token: token.clone(),
+                            handle: None,
+                        },
+                    );
+                    self.slots.insert(task.clone(), Slot { token, task: None });
+EOF
+}
+
 ALL=$(declare -F | awk '$3 ~ /^m[0-9]+$/ { print substr($3, 2) }' | sort -n | tr '\n' ' ')
 SELECTED=${MUTANTS:-$ALL}
 for n in $SELECTED; do

@@ -1,7 +1,10 @@
 //! Promises of the cluster layer that no scenario test pinned down, each checked in
 //! process on the in-memory store and tokio's paused clock: the lease deadline's
 //! arithmetic, the compare that makes `set_desired` a compare-and-set (a coordinator
-//! wrapper makes the race happen on cue), and a worker's capacity.
+//! wrapper makes the race happen on cue), a worker's capacity, and two rules of the
+//! worker about store answers it never got (a wrapper loses the answer to a release):
+//! a hand-over whose release was sent is carried through, and a key the store
+//! refuses to confirm is never adopted.
 //!
 //! Each test here kills a mutant of `scripts/mutation-check.sh` that every other
 //! suite let through (see docs/mutants.md).
@@ -608,4 +611,361 @@ async fn the_guard_stops_runs_at_the_deadline_while_the_loop_is_held_up() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     drop(worker);
+}
+
+/// What the probed units of [`join_probed`] saw: every run's start (worker and
+/// fence token), the runs alive now and the most alive at once.
+#[derive(Clone, Default)]
+struct Probes {
+    starts: Arc<std::sync::Mutex<Vec<(String, i64)>>>,
+    alive: Arc<std::sync::atomic::AtomicUsize>,
+    most: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Probes {
+    fn starts(&self) -> Vec<(String, i64)> {
+        self.starts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// How many runs `worker` started under the token of revision `token`.
+    fn started(&self, worker: &str, token: Option<i64>) -> usize {
+        self.starts()
+            .iter()
+            .filter(|(w, t)| w == worker && token.is_none_or(|token| *t == token))
+            .count()
+    }
+
+    fn most(&self) -> usize {
+        self.most.load(Ordering::SeqCst)
+    }
+}
+
+/// A run that records its start and counts itself alive until its future goes; a
+/// cancelled run takes 250 ms to wind down (within the 300 ms a stop grants it).
+struct Lingering {
+    worker: String,
+    token: i64,
+    probes: Probes,
+}
+
+impl Unit for Lingering {
+    async fn run(&mut self, ctx: RunContext) -> Result<RunExit, RunError> {
+        let probes = &self.probes;
+        probes
+            .starts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push((self.worker.clone(), self.token));
+        // SeqCst: counters read by the test on the same runtime.
+        let now = probes.alive.fetch_add(1, Ordering::SeqCst) + 1;
+        probes.most.fetch_max(now, Ordering::SeqCst);
+        let _leaves = Leaves(Arc::clone(&probes.alive));
+        ctx.cancelled().await;
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        Ok(RunExit::Cancelled)
+    }
+}
+
+/// Joins worker `id` on `coordinator`, running [`Lingering`] units that report to
+/// `probes`; with `flaky`, its factory fails the first time it is asked to build.
+async fn join_probed(
+    coordinator: impl Coordinator,
+    prefix: &str,
+    id: &str,
+    probes: &Probes,
+    flaky: bool,
+) -> Worker {
+    let (worker, probes) = (id.to_owned(), probes.clone());
+    let failed_once = std::sync::atomic::AtomicBool::new(!flaky);
+    Worker::builder(coordinator, prefix, id)
+        .ttl(Duration::from_secs(2))
+        .stop_bound(Duration::from_millis(600))
+        .resync(Duration::from_millis(200))
+        .op_timeout(Duration::from_secs(1))
+        .join(move |spec| {
+            if !failed_once.swap(true, Ordering::SeqCst) {
+                return Err("the task's resources are not ready yet".into());
+            }
+            Ok(Task::builder(spec.task.as_str()).unit(Lingering {
+                worker: worker.clone(),
+                token: spec.fencer.token().revision,
+                probes: probes.clone(),
+            }))
+        })
+        .await
+        .expect("join on the in-memory store")
+}
+
+/// What a [`LostAnswer`] does with the release whose answer it loses.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Landing {
+    /// Kept on its way: it reaches the store when the test calls
+    /// [`LostAnswer::land`].
+    Later,
+    /// Applied at once; from then on the worker's watches deliver nothing (its cache
+    /// still says the key is its own) until [`LostAnswer::catch_up`].
+    NowWatchesLag,
+}
+
+/// One worker's door to the store that, once armed, loses the answer to the
+/// worker's next release of an owner key (a fenced delete): the call never answers,
+/// so the worker's own deadline turns it into `Unreachable`. It also counts the
+/// worker's confirmations (fenced transactions that write nothing) the store
+/// refused.
+#[derive(Clone)]
+struct LostAnswer {
+    store: MemoryCoordinator,
+    landing: Landing,
+    armed: Arc<std::sync::atomic::AtomicBool>,
+    /// The lost release, once sent: `Some(None)` when it was applied at once.
+    lost: Arc<std::sync::Mutex<Option<Option<Txn>>>>,
+    /// While true, what the worker's watches deliver waits.
+    lagging: Arc<tokio::sync::watch::Sender<bool>>,
+    refused_confirms: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl LostAnswer {
+    fn new(store: &MemoryCoordinator, landing: Landing) -> LostAnswer {
+        LostAnswer {
+            store: store.clone(),
+            landing,
+            armed: Arc::default(),
+            lost: Arc::default(),
+            lagging: Arc::new(tokio::sync::watch::channel(false).0),
+            refused_confirms: Arc::default(),
+        }
+    }
+
+    fn arm(&self) {
+        self.armed.store(true, Ordering::SeqCst);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Option<Txn>>> {
+        self.lost
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether the release whose answer is lost was sent.
+    fn sent(&self) -> bool {
+        self.lock().is_some()
+    }
+
+    /// Applies the kept release to the store now; whether the store accepted it.
+    async fn land(&self) -> bool {
+        let kept = self.lock().as_mut().and_then(Option::take);
+        let txn = kept.expect("no release kept on its way");
+        self.store
+            .txn(txn)
+            .await
+            .expect("the store answers")
+            .succeeded
+    }
+
+    /// Lets the worker's watches deliver again.
+    fn catch_up(&self) {
+        self.lagging.send_replace(false);
+    }
+
+    fn refused_confirms(&self) -> usize {
+        self.refused_confirms.load(Ordering::SeqCst)
+    }
+}
+
+impl Coordinator for LostAnswer {
+    fn grant(&self, ttl: Duration) -> BoxFuture<'_, Result<Grant, ClusterError>> {
+        self.store.grant(ttl)
+    }
+
+    fn keep_alive(&self, lease: i64) -> BoxFuture<'_, Result<KeepAlive, ClusterError>> {
+        self.store.keep_alive(lease)
+    }
+
+    fn revoke(&self, lease: i64) -> BoxFuture<'_, Result<(), ClusterError>> {
+        self.store.revoke(lease)
+    }
+
+    fn list(&self, prefix: String) -> BoxFuture<'_, Result<Listing, ClusterError>> {
+        self.store.list(prefix)
+    }
+
+    fn txn(&self, txn: Txn) -> BoxFuture<'_, Result<TxnResult, ClusterError>> {
+        Box::pin(async move {
+            let fenced = !txn.when.is_empty();
+            let releases = fenced
+                && matches!(txn.then.as_slice(), [Op::Delete { key }] if key.ends_with("/owner"));
+            if releases && self.armed.swap(false, Ordering::SeqCst) {
+                let kept = match self.landing {
+                    Landing::Later => Some(txn),
+                    Landing::NowWatchesLag => {
+                        self.lagging.send_replace(true);
+                        let applied = self.store.txn(txn).await;
+                        assert!(
+                            applied.is_ok_and(|r| r.succeeded),
+                            "the release to lose was refused"
+                        );
+                        None
+                    }
+                };
+                *self.lock() = Some(kept);
+                // No answer: the worker's deadline ends the call.
+                return std::future::pending().await;
+            }
+            let confirms = fenced && txn.then.is_empty();
+            let result = self.store.txn(txn).await;
+            if confirms && result.as_ref().is_ok_and(|r| !r.succeeded) {
+                self.refused_confirms.fetch_add(1, Ordering::SeqCst);
+            }
+            result
+        })
+    }
+
+    fn watch(&self, prefix: String, from: i64) -> BoxFuture<'_, Result<WatchStream, ClusterError>> {
+        Box::pin(async move {
+            let mut inner = self.store.watch(prefix, from).await?;
+            let (tx, stream) = taskstage::cluster::watch_channel(64);
+            let mut lagging = self.lagging.subscribe();
+            // Bounded by the watch: it ends when either side ends.
+            tokio::spawn(async move {
+                while let Some(message) =
+                    std::future::poll_fn(|cx| inner.as_mut().poll_next(cx)).await
+                {
+                    if lagging.wait_for(|l| !*l).await.is_err() || tx.send(message).await.is_err() {
+                        return;
+                    }
+                }
+            });
+            Ok(stream)
+        })
+    }
+
+    fn wait_change(
+        &self,
+        prefix: String,
+        after: i64,
+        timeout: Duration,
+    ) -> BoxFuture<'_, Result<(), ClusterError>> {
+        self.store.wait_change(prefix, after, timeout)
+    }
+}
+
+/// Once a hand-over's release was sent, the task is handed over whatever its answer:
+/// a release whose answer was lost may still land. w2 runs the task; w1 joins (the
+/// first member, so the task is its share) and w2 hands it over: it pauses it,
+/// reports Paused, and sends the release, whose answer never comes and which stays
+/// on its way. Before w2's deadline ends the call, w1 leaves (the task is w2's share
+/// again: the hand-over is given up) and the desired stage is written again (w2's
+/// Paused report no longer answers it). w2 must release all the same, not resume
+/// the task under the key it sent away: when that release lands, the key is gone,
+/// w0 takes the task, and w2's run, resumed, would still be alive beside w0's.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_hand_over_whose_release_was_sent_is_carried_through_when_given_up() {
+    let store = MemoryCoordinator::new();
+    let probes = Probes::default();
+    let controller = Controller::new(store.clone(), "late").expect("a controller");
+    controller
+        .create("t", Vec::new(), DesiredStage::Running)
+        .await
+        .expect("create");
+    let door = LostAnswer::new(&store, Landing::Later);
+    let w2 = join_probed(door.clone(), "late", "w2", &probes, false).await;
+    controller
+        .resume_within("t", Duration::from_secs(10))
+        .await
+        .expect("running on w2");
+    let task = taskstage::cluster::TaskId::new("t").expect("an id");
+    let token = w2.token(&task).expect("w2 holds t").revision;
+    door.arm();
+    let w1 = join_probed(store.clone(), "late", "w1", &probes, false).await;
+    eventually(Duration::from_secs(5), "w2 releasing t to w1", || {
+        door.sent().then_some(())
+    })
+    .await;
+    // Within the release's deadline (1 s): the hand-over is given up, and the
+    // desired stage gets a new revision.
+    w1.shutdown().await.expect("shutdown w1");
+    controller
+        .set_desired("t", DesiredStage::Running)
+        .await
+        .expect("the desired stage written again");
+    let running = controller
+        .resume_within("t", Duration::from_secs(10))
+        .await
+        .expect("t running again on w2");
+    assert_eq!(running.owner.as_str(), "w2");
+    let landed = door.land().await;
+    let w0 = join_probed(store.clone(), "late", "w0", &probes, false).await;
+    eventually(Duration::from_secs(10), "w0 running t", || {
+        (probes.started("w0", None) > 0).then_some(())
+    })
+    .await;
+    assert!(
+        probes.most() <= 1,
+        "two runs of t alive at once: w2's lost release of key {token} landed \
+         (accepted: {landed}) after w2 ran t again; runs started: {:?}",
+        probes.starts()
+    );
+    assert_eq!(
+        probes.started("w2", Some(token)),
+        1,
+        "w2 ran t again under the key {token} whose release it had sent: {:?}",
+        probes.starts()
+    );
+    w0.shutdown().await.expect("shutdown w0");
+    w2.shutdown().await.expect("shutdown w2");
+}
+
+/// A key the cache says is the worker's is confirmed by the store before it is
+/// adopted, and a key the store refuses is never adopted. w1 claims the task, but
+/// its factory fails (for now), so it releases the key; the store applies the
+/// release, w1 hears no answer, and its watches lag from then on: its cache still
+/// says the key is its own, and it holds no slot for the task. w0 joins, takes the
+/// task and runs it. When w1 decides about the task again it must confirm the key
+/// first; the store refuses, and w1 must neither build nor run the task, which w0
+/// runs.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_key_the_store_refuses_to_confirm_is_never_adopted() {
+    let store = MemoryCoordinator::new();
+    let probes = Probes::default();
+    let controller = Controller::new(store.clone(), "confirm").expect("a controller");
+    controller
+        .create("t", Vec::new(), DesiredStage::Running)
+        .await
+        .expect("create");
+    let door = LostAnswer::new(&store, Landing::NowWatchesLag);
+    door.arm();
+    let w1 = join_probed(door.clone(), "confirm", "w1", &probes, true).await;
+    eventually(
+        Duration::from_secs(5),
+        "w1 releasing t after its factory failed",
+        || door.sent().then_some(()),
+    )
+    .await;
+    // Within the release's deadline (1 s): w0, the first member, takes the task.
+    let w0 = join_probed(store.clone(), "confirm", "w0", &probes, false).await;
+    let running = controller
+        .resume_within("t", Duration::from_secs(10))
+        .await
+        .expect("t running on w0");
+    assert_eq!(running.owner.as_str(), "w0");
+    eventually(Duration::from_secs(5), "w1 confirming the key", || {
+        (door.refused_confirms() > 0).then_some(())
+    })
+    .await;
+    // Several resyncs (200 ms) for w1 to act on a key it wrongly adopted.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        probes.most() <= 1 && probes.started("w1", None) == 0,
+        "w1 adopted the key the store refused and ran t beside w0 (most alive at once: \
+         {}); runs started: {:?}",
+        probes.most(),
+        probes.starts()
+    );
+    assert!(w1.tasks().is_empty(), "w1 holds {:?}", w1.tasks());
+    door.catch_up();
+    w0.shutdown().await.expect("shutdown w0");
+    w1.shutdown().await.expect("shutdown w1");
 }
