@@ -71,7 +71,10 @@
 //! built on it, and a key the store refused is not the worker's; a claim compares
 //! the desired stage's and the report's revisions it was decided from; a task whose
 //! release, or whose rest report for the current revision, was sent is handed over
-//! whatever happens.
+//! whatever happens. Two of these rules have a second rule behind them in the cases
+//! the model's faults reach together; `tests/cluster_promises.rs` checks each of them
+//! alone on the real worker (a release sent is carried through; a key the store
+//! refused to confirm is never adopted), and mutants 106 and 107 remove each alone.
 //!
 //! Bounds (defaults; `MODEL_T_FAULT`, `MODEL_T_MAX`, `MODEL_FAULTS`, `MODEL_DESIRED`,
 //! `MODEL_LAG` override the base configuration the others start from): 2 workers,
