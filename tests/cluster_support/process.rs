@@ -34,7 +34,7 @@ use taskstage::cluster::{
 use taskstage::{RunContext, RunError, RunExit, Task, TaskBuilder, Unit};
 
 use super::history::{now_ns, Recorder, WriteOutcome};
-use super::{exit_when_stdin_closes, required_env, ChildGuard};
+use super::{count_from, exit_when_stdin_closes, required_env, ChildGuard};
 
 /// The worker processes' lease TTL.
 pub(crate) const TTL: Duration = Duration::from_secs(2);
@@ -368,29 +368,11 @@ impl Unit for Writer {
     }
 
     async fn run(&mut self, ctx: RunContext) -> Result<RunExit, RunError> {
-        let mut at: u64 = match self.fencer.checkpoint("pos").await {
+        let at: u64 = match self.fencer.checkpoint("pos").await {
             Ok(Some(bytes)) => String::from_utf8_lossy(&bytes).parse().unwrap_or(0),
             _ => 0,
         };
-        // Bounded by the run's cancellation.
-        loop {
-            tokio::select! {
-                _ = ctx.cancelled() => return Ok(RunExit::Cancelled),
-                _ = tokio::time::sleep(Duration::from_millis(50)) => {}
-            }
-            match self
-                .fencer
-                .put_checkpoint("pos", (at + 1).to_string().into_bytes())
-                .await
-            {
-                Ok(()) => at += 1,
-                Err(ClusterError::Fenced { .. }) => {
-                    ctx.cancelled().await;
-                    return Ok(RunExit::Cancelled);
-                }
-                Err(_) => {}
-            }
-        }
+        count_from(&self.fencer, &ctx, at).await
     }
 }
 
