@@ -29,7 +29,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cluster_support::history::{now_ns, Fault, History, Recorder};
+use cluster_support::history::{histories, remove_histories, Fault, History, Recorder};
 use cluster_support::process::{self, Settings, Units, Values, WorkerKind};
 use cluster_support::{ChildGuard, EtcdCluster};
 use taskstage::cluster::{Controller, DesiredStage, EtcdCoordinator, EtcdOptions, TaskStatus};
@@ -87,11 +87,7 @@ impl Drop for Fleet {
     fn drop(&mut self) {
         // Workers first (by pid); the cluster's own guard then stops the members.
         self.procs.clear();
-        if std::thread::panicking() {
-            eprintln!("the histories are kept in {}", self.dir.display());
-        } else {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        }
+        remove_histories(&self.dir);
     }
 }
 
@@ -345,12 +341,7 @@ async fn a_joining_worker_gets_its_share_by_graceful_hand_over() {
     let Some(cluster) = EtcdCluster::start_or_skip(3) else {
         return;
     };
-    let dir = std::env::temp_dir().join(format!(
-        "taskstage-handover-{}-{}",
-        std::process::id(),
-        now_ns()
-    ));
-    let recorder = Recorder::create(&dir, "test").expect("create the test's history");
+    let (dir, recorder) = histories("handover");
     let coord = EtcdCoordinator::connect(cluster.endpoints(), EtcdOptions::default())
         .await
         .expect("connect to the test cluster");
