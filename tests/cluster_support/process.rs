@@ -1,8 +1,9 @@
 //! The worker *process* of the etcd test suites: the test binary started again as
 //! its own ignored test `worker_process`, which does nothing unless its
 //! `{env}_WORKER` variable is set. Then it joins the cluster as a worker, runs the
-//! units its [`WorkerKind`] names, joins again whenever its lease is lost, and exits when
-//! its stdin (a pipe from the test) closes, so none outlives the test binary.
+//! units its [`WorkerKind`] names, joins again whenever its lease is lost, and
+//! exits when its stdin (a pipe from the test) closes, so none outlives the test
+//! binary.
 //!
 //! Each test binary describes its processes once, as a [`WorkerKind`]: its
 //! `worker_process` test calls [`worker_process`] with it, and its test side starts
@@ -92,8 +93,8 @@ pub(crate) enum Values {
     Unique,
 }
 
-/// What one worker process is started with beyond its [`WorkerKind`]; `None` leaves the
-/// variable unset.
+/// What one worker process is started with beyond its [`WorkerKind`]; `None`
+/// leaves the variable unset.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Settings {
     /// `{env}_UNFENCED`.
