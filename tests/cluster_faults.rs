@@ -787,8 +787,8 @@ async fn a_hundred_tasks_over_three_workers_survive_one_killed() {
     assert!(verdict.runs >= 100, "{verdict}");
 }
 
-/// A local unit like [`Probe`], without the store: it waits for its cancellation in
-/// 50 ms steps.
+/// A local unit like the worker processes' probe, without the store: it waits for
+/// its cancellation in 50 ms steps.
 struct Tick;
 
 impl Unit for Tick {

@@ -846,12 +846,3 @@ where
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
-
-/// A variable a worker process needs from the test that started it.
-///
-/// # Panics
-///
-/// If it is not set: the process was not started by its test.
-pub(crate) fn required_env(name: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| panic!("the worker process needs {name}"))
-}

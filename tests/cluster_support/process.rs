@@ -35,7 +35,7 @@ use taskstage::cluster::{
 use taskstage::{RunContext, RunError, RunExit, Task, TaskBuilder, Unit};
 
 use super::history::{now_ns, Recorder, WriteOutcome};
-use super::{count_from, exit_when_stdin_closes, required_env, ChildGuard};
+use super::{count_from, exit_when_stdin_closes, ChildGuard};
 
 /// The worker processes' lease TTL.
 pub(crate) const TTL: Duration = Duration::from_secs(2);
@@ -392,4 +392,13 @@ impl Unit for Stubborn {
         std::future::pending::<()>().await;
         Ok(RunExit::Completed)
     }
+}
+
+/// A variable a worker process needs from the test that started it.
+///
+/// # Panics
+///
+/// If it is not set: the process was not started by its test.
+fn required_env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("the worker process needs {name}"))
 }
