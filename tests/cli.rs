@@ -24,138 +24,32 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use cluster_support::{dead_endpoint, exit_when_stdin_closes, signal_pid, ChildGuard, EtcdCluster};
+use cluster_support::process::{self, Settings, Units, WorkerKind};
+use cluster_support::{dead_endpoint, signal_pid, ChildGuard, EtcdCluster};
 use serde_json::Value;
-use taskstage::cluster::{
-    ClusterError, Controller, EtcdCoordinator, EtcdOptions, Fencer, TaskSpec, TaskStatus, Worker,
-};
-use taskstage::{RunContext, RunError, RunExit, Task, Unit};
+use taskstage::cluster::{Controller, EtcdCoordinator, EtcdOptions, TaskStatus};
 
 const BIN: &str = env!("CARGO_BIN_EXE_taskstage");
 const PREFIX: &str = "cli";
-const WORKER_ENV: &str = "TASKSTAGE_CLI_WORKER";
 /// The bound of every wait of the test side.
 const WAIT: Duration = Duration::from_secs(20);
 
 // ---------------------------------------------------------------- worker process
 
-/// Writes checkpoint `pos` (a count) every 50 ms, from where the last run left it.
-struct Writer {
-    fencer: Fencer,
-}
-
-impl Unit for Writer {
-    fn name(&self) -> &str {
-        "writer"
-    }
-
-    async fn run(&mut self, ctx: RunContext) -> Result<RunExit, RunError> {
-        let mut at: u64 = match self.fencer.checkpoint("pos").await {
-            Ok(Some(bytes)) => String::from_utf8_lossy(&bytes).parse().unwrap_or(0),
-            _ => 0,
-        };
-        // Bounded by the run's cancellation.
-        loop {
-            tokio::select! {
-                _ = ctx.cancelled() => return Ok(RunExit::Cancelled),
-                _ = tokio::time::sleep(Duration::from_millis(50)) => {}
-            }
-            match self
-                .fencer
-                .put_checkpoint("pos", (at + 1).to_string().into_bytes())
-                .await
-            {
-                Ok(()) => at += 1,
-                Err(ClusterError::Fenced { .. }) => {
-                    ctx.cancelled().await;
-                    return Ok(RunExit::Cancelled);
-                }
-                Err(_) => {}
-            }
-        }
-    }
-}
-
-/// Writes one checkpoint, then ignores its cancellation: only a stop's abort ends it.
-struct Stubborn {
-    fencer: Fencer,
-}
-
-impl Unit for Stubborn {
-    fn name(&self) -> &str {
-        "stubborn"
-    }
-
-    async fn run(&mut self, _ctx: RunContext) -> Result<RunExit, RunError> {
-        let _ = self.fencer.put_checkpoint("began", b"1".to_vec()).await;
-        std::future::pending::<()>().await;
-        Ok(RunExit::Completed)
-    }
-}
+/// The worker processes: writers, or stubborn units for a spec `stubborn`.
+const WORKERS: WorkerKind = WorkerKind {
+    env: "TASKSTAGE_CLI",
+    prefix: PREFIX,
+    units: Units::Writers,
+    capacity: None,
+};
 
 /// The worker process: joins, runs the units the specs name, joins again whenever
 /// its lease is lost.
 #[test]
 #[ignore = "a worker process of the cli tests; they start it with TASKSTAGE_CLI_WORKER set"]
 fn worker_process() {
-    let Ok(id) = std::env::var(WORKER_ENV) else {
-        return;
-    };
-    let endpoints: Vec<String> = cluster_support::required_env("TASKSTAGE_CLI_ENDPOINTS")
-        .split(',')
-        .map(str::to_owned)
-        .collect();
-    // The tests use their own prefix; a session run by hand may give another one.
-    let prefix = std::env::var("TASKSTAGE_CLI_PREFIX").unwrap_or_else(|_| PREFIX.to_owned());
-    // The test holds the other end of stdin: when it goes away, so does this.
-    exit_when_stdin_closes();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a tokio runtime");
-    runtime.block_on(async move {
-        // Bounded: at most 1,000 joins; the test kills the process long before.
-        for _ in 0..1_000 {
-            let coord =
-                match EtcdCoordinator::connect(endpoints.clone(), EtcdOptions::default()).await {
-                    Ok(coord) => coord,
-                    Err(error) => {
-                        eprintln!("worker {id}: connect failed: {error}");
-                        tokio::time::sleep(Duration::from_millis(200)).await;
-                        continue;
-                    }
-                };
-            let factory = |spec: TaskSpec| {
-                let builder = Task::builder(spec.task.as_str());
-                Ok(if spec.spec == b"stubborn\n" {
-                    builder.unit(Stubborn {
-                        fencer: spec.fencer,
-                    })
-                } else {
-                    builder.unit(Writer {
-                        fencer: spec.fencer,
-                    })
-                })
-            };
-            let joined = Worker::builder(coord, prefix.clone(), id.clone())
-                .ttl(Duration::from_secs(2))
-                .stop_bound(Duration::from_millis(600))
-                .resync(Duration::from_millis(200))
-                .join(factory)
-                .await;
-            match joined {
-                Ok(mut worker) => {
-                    let ended = worker.closed().await;
-                    eprintln!("worker {id}: ended ({ended:?}); joining again");
-                }
-                Err(error) => {
-                    eprintln!("worker {id}: join failed: {error}");
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-            }
-        }
-    });
+    process::worker_process(&WORKERS);
 }
 
 // ---------------------------------------------------------------- the test side
@@ -315,20 +209,9 @@ impl Setup {
     }
 
     fn spawn_worker(&mut self, id: &str) {
-        let child = Command::new(std::env::current_exe().expect("the test binary's path"))
-            .args(["worker_process", "--exact", "--ignored", "--nocapture"])
-            .args(["--test-threads", "1"])
-            .env(WORKER_ENV, id)
-            .env("TASKSTAGE_CLI_ENDPOINTS", self.endpoints())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(
-                std::fs::File::create(self.dir.join(format!("{id}.log")))
-                    .map_or_else(|_| Stdio::null(), Stdio::from),
-            )
-            .spawn()
-            .expect("start a worker process");
-        self.workers.push(ChildGuard::new(child));
+        let endpoints = self.cluster.endpoints();
+        let child = WORKERS.spawn(id, &endpoints, &self.dir, Settings::default());
+        self.workers.push(child);
     }
 
     fn endpoints(&self) -> String {

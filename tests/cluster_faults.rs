@@ -17,25 +17,20 @@
 mod cluster_support;
 
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cluster_support::history::{
-    now_ns, Fault, History, Recorder, Verdict, Violation, WriteOutcome,
+    histories, now_ns, remove_histories, Fault, History, Recorder, Verdict, Violation,
 };
-use cluster_support::{exit_when_stdin_closes, signal_pid, ChildGuard, EtcdCluster};
+use cluster_support::process::{self, Settings, Units, Values, WorkerKind, TTL};
+use cluster_support::{signal_pid, ChildGuard, EtcdCluster};
 use taskstage::cluster::{
-    ClusterError, Controller, Coordinator, DesiredStage, EtcdCoordinator, EtcdOptions, Fencer,
-    TaskSpec, TaskStatus, Worker,
+    ClusterError, Controller, Coordinator, DesiredStage, EtcdCoordinator, EtcdOptions, TaskStatus,
 };
 use taskstage::{RunContext, RunError, RunExit, Stage, Task, Unit};
 
 const PREFIX: &str = "faults";
-/// The workers' lease TTL.
-const TTL: Duration = Duration::from_secs(2);
-const STOP_BOUND: Duration = Duration::from_millis(600);
-const RESYNC: Duration = Duration::from_millis(200);
 /// The reconcile period the liveness bound allows beyond a TTL: a few resyncs
 /// (200 ms each), a store call's deadline (1 s) and an etcd election (0.5 s).
 const RECONCILE: Duration = Duration::from_secs(3);
@@ -45,129 +40,25 @@ const LIVENESS: Duration = Duration::from_secs(TTL.as_secs() + RECONCILE.as_secs
 /// and a resync, with room for a loaded machine.
 const THAW_ALLOWANCE: Duration = Duration::from_millis(1_500);
 
-const WORKER_ENV: &str = "TASKSTAGE_FAULT_WORKER";
-
 // ---------------------------------------------------------------- worker process
 
-/// A unit that records its run, then writes a fenced checkpoint every `every`,
-/// recording each write and whether the fence accepted it.
-struct Probe {
-    task: String,
-    worker: String,
-    fencer: Fencer,
-    every: Duration,
-    recorder: Arc<Recorder>,
-}
-
-impl Unit for Probe {
-    fn name(&self) -> &str {
-        "probe"
-    }
-
-    async fn run(&mut self, ctx: RunContext) -> Result<RunExit, RunError> {
-        let token = self.fencer.token().revision;
-        let _alive = self
-            .recorder
-            .alive(&self.task, &self.worker, ctx.generation(), token);
-        // Bounded by the run's cancellation.
-        for n in 1u64.. {
-            tokio::select! {
-                _ = ctx.cancelled() => return Ok(RunExit::Cancelled),
-                _ = tokio::time::sleep(self.every) => {}
-            }
-            let sent = now_ns();
-            let value = format!("{token}.{n}").into_bytes();
-            let outcome = match self.fencer.put_checkpoint("pos", value).await {
-                Ok(()) => WriteOutcome::Accepted,
-                Err(ClusterError::Fenced { .. }) => WriteOutcome::Rejected,
-                Err(_) => WriteOutcome::Unknown,
-            };
-            self.recorder
-                .write(&self.task, &self.worker, token, sent, outcome);
-            if outcome == WriteOutcome::Rejected {
-                ctx.cancelled().await;
-                return Ok(RunExit::Cancelled);
-            }
-        }
-        Ok(RunExit::Completed)
-    }
-}
+/// The worker processes: probes writing `{revision}.{n}`, their capacity and write
+/// period given per process.
+const WORKERS: WorkerKind = WorkerKind {
+    env: "TASKSTAGE_FAULT",
+    prefix: PREFIX,
+    units: Units::Probe {
+        every: Duration::from_millis(50),
+        values: Values::Numbered,
+    },
+    capacity: None,
+};
 
 /// The worker process: joins, runs probes, joins again whenever its lease is lost.
 #[test]
 #[ignore = "a worker process of the fault tests; they start it with TASKSTAGE_FAULT_WORKER set"]
 fn worker_process() {
-    let Ok(id) = std::env::var(WORKER_ENV) else {
-        return;
-    };
-    let endpoints: Vec<String> = cluster_support::required_env("TASKSTAGE_FAULT_ENDPOINTS")
-        .split(',')
-        .map(str::to_owned)
-        .collect();
-    let dir = PathBuf::from(cluster_support::required_env("TASKSTAGE_FAULT_DIR"));
-    let unfenced = cluster_support::required_env("TASKSTAGE_FAULT_UNFENCED") == "1";
-    let capacity: usize = cluster_support::required_env("TASKSTAGE_FAULT_CAPACITY")
-        .parse()
-        .expect("a capacity");
-    let every = Duration::from_millis(
-        cluster_support::required_env("TASKSTAGE_FAULT_WRITE_MS")
-            .parse()
-            .expect("ms"),
-    );
-    let recorder = Recorder::create(&dir, &format!("worker-{id}-{}", std::process::id()))
-        .expect("create the worker's history file");
-    // The test holds the other end of stdin: when it goes away, so does this.
-    exit_when_stdin_closes();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a tokio runtime");
-    runtime.block_on(async move {
-        // Bounded: at most 1,000 joins; the test kills the process long before.
-        for _ in 0..1_000 {
-            let coord =
-                match EtcdCoordinator::connect(endpoints.clone(), EtcdOptions::default()).await {
-                    Ok(coord) => coord,
-                    Err(error) => {
-                        eprintln!("worker {id}: connect failed: {error}");
-                        tokio::time::sleep(RESYNC).await;
-                        continue;
-                    }
-                };
-            let factory = {
-                let (id, recorder) = (id.clone(), Arc::clone(&recorder));
-                move |spec: TaskSpec| {
-                    Ok(Task::builder(spec.task.as_str()).unit(Probe {
-                        task: spec.task.as_str().to_owned(),
-                        worker: id.clone(),
-                        fencer: spec.fencer,
-                        every,
-                        recorder: Arc::clone(&recorder),
-                    }))
-                }
-            };
-            let joined = Worker::builder(coord, PREFIX, id.clone())
-                .ttl(TTL)
-                .stop_bound(STOP_BOUND)
-                .resync(RESYNC)
-                .capacity(capacity)
-                .unfenced_for_tests(unfenced)
-                .join(factory)
-                .await;
-            match joined {
-                Ok(mut worker) => {
-                    eprintln!("worker {id}: joined, lease {:x}", worker.lease());
-                    let ended = worker.closed().await;
-                    eprintln!("worker {id}: ended ({ended:?}); joining again");
-                }
-                Err(error) => {
-                    eprintln!("worker {id}: join failed: {error}");
-                    tokio::time::sleep(RESYNC).await;
-                }
-            }
-        }
-    });
+    process::worker_process(&WORKERS);
 }
 
 // ---------------------------------------------------------------- the test side
@@ -195,11 +86,7 @@ struct Fleet {
 impl Drop for Fleet {
     fn drop(&mut self) {
         self.procs.clear();
-        if std::thread::panicking() {
-            eprintln!("the histories are kept in {}", self.dir.display());
-        } else {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        }
+        remove_histories(&self.dir);
     }
 }
 
@@ -220,12 +107,7 @@ const ONE: Spawn = Spawn {
 
 impl Fleet {
     async fn new(cluster: &EtcdCluster, unfenced: bool) -> Fleet {
-        let dir = std::env::temp_dir().join(format!(
-            "taskstage-faults-{}-{}",
-            std::process::id(),
-            now_ns()
-        ));
-        let recorder = Recorder::create(&dir, "test").expect("create the test's history");
+        let (dir, recorder) = histories("faults");
         let coord = EtcdCoordinator::connect(cluster.endpoints(), EtcdOptions::default())
             .await
             .expect("connect to the test cluster");
@@ -247,33 +129,15 @@ impl Fleet {
         } else {
             &self.endpoints
         };
-        let exe = std::env::current_exe().expect("the test binary's path");
-        let child = Command::new(exe)
-            .args(["worker_process", "--exact", "--ignored", "--nocapture"])
-            .args(["--test-threads", "1"])
-            .env(WORKER_ENV, id)
-            .env("TASKSTAGE_FAULT_ENDPOINTS", endpoints.join(","))
-            .env("TASKSTAGE_FAULT_DIR", &self.dir)
-            .env(
-                "TASKSTAGE_FAULT_UNFENCED",
-                if self.unfenced { "1" } else { "0" },
-            )
-            .env("TASKSTAGE_FAULT_CAPACITY", how.capacity.to_string())
-            .env(
-                "TASKSTAGE_FAULT_WRITE_MS",
-                how.write_every.as_millis().to_string(),
-            )
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(
-                std::fs::File::create(self.dir.join(format!("{id}.log")))
-                    .map_or_else(|_| Stdio::null(), Stdio::from),
-            )
-            .spawn()
-            .expect("start a worker process");
+        let settings = Settings {
+            unfenced: Some(self.unfenced),
+            capacity: Some(how.capacity),
+            write_every: Some(how.write_every),
+        };
+        let child = WORKERS.spawn(id, endpoints, &self.dir, settings);
         self.procs.push(Proc {
             id: id.to_owned(),
-            child: ChildGuard::new(child),
+            child,
         });
     }
 
@@ -923,8 +787,8 @@ async fn a_hundred_tasks_over_three_workers_survive_one_killed() {
     assert!(verdict.runs >= 100, "{verdict}");
 }
 
-/// A local unit like [`Probe`], without the store: it waits for its cancellation in
-/// 50 ms steps.
+/// A local unit like the worker processes' probe, without the store: it waits for
+/// its cancellation in 50 ms steps.
 struct Tick;
 
 impl Unit for Tick {

@@ -25,25 +25,17 @@
 mod cluster_support;
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cluster_support::history::{now_ns, Fault, History, Recorder, WriteOutcome};
-use cluster_support::{exit_when_stdin_closes, ChildGuard, EtcdCluster};
-use taskstage::cluster::{
-    ClusterError, Controller, DesiredStage, EtcdCoordinator, EtcdOptions, Fencer, TaskSpec,
-    TaskStatus, Worker,
-};
-use taskstage::{RunContext, RunError, RunExit, Stage, Task, Unit};
+use cluster_support::history::{histories, remove_histories, Fault, History, Recorder};
+use cluster_support::process::{self, Settings, Units, Values, WorkerKind};
+use cluster_support::{ChildGuard, EtcdCluster};
+use taskstage::cluster::{Controller, DesiredStage, EtcdCoordinator, EtcdOptions, TaskStatus};
+use taskstage::Stage;
 
 const PREFIX: &str = "handover";
-/// The workers' lease TTL, stop bound and resync: the fault suite's.
-const TTL: Duration = Duration::from_secs(2);
-const STOP_BOUND: Duration = Duration::from_millis(600);
-const RESYNC: Duration = Duration::from_millis(200);
 /// How soon after a thaw a frozen owner must drop its run (nothing is frozen here).
 const THAW_ALLOWANCE: Duration = Duration::from_millis(1_500);
 const TASKS: usize = 30;
@@ -58,129 +50,27 @@ const REBALANCE: Duration = Duration::from_secs(30);
 /// Any wait of the set-up (workers registered, every task running).
 const SETUP: Duration = Duration::from_secs(30);
 
-const WORKER_ENV: &str = "TASKSTAGE_HANDOVER_WORKER";
-
 // ---------------------------------------------------------------- worker process
 
-/// A unit that records its run, then writes a fenced checkpoint every
-/// [`WRITE_EVERY`], recording each write and whether the fence accepted it.
-struct Probe {
-    task: String,
-    worker: String,
-    fencer: Fencer,
-    recorder: Arc<Recorder>,
-}
-
-impl Unit for Probe {
-    fn name(&self) -> &str {
-        "probe"
-    }
-
-    async fn run(&mut self, ctx: RunContext) -> Result<RunExit, RunError> {
-        let token = self.fencer.token().revision;
-        let _alive = self
-            .recorder
-            .alive(&self.task, &self.worker, ctx.generation(), token);
-        let mut at = 0u64;
-        // Bounded by the run's cancellation.
-        loop {
-            tokio::select! {
-                () = ctx.cancelled() => return Ok(RunExit::Cancelled),
-                () = tokio::time::sleep(WRITE_EVERY) => {}
-            }
-            at += 1;
-            let sent = now_ns();
-            let outcome = match self
-                .fencer
-                .put_checkpoint("pos", at.to_string().into_bytes())
-                .await
-            {
-                Ok(()) => WriteOutcome::Accepted,
-                Err(ClusterError::Fenced { .. }) => WriteOutcome::Rejected,
-                Err(_) => WriteOutcome::Unknown,
-            };
-            self.recorder
-                .write(&self.task, &self.worker, token, sent, outcome);
-            if outcome == WriteOutcome::Rejected {
-                ctx.cancelled().await;
-                return Ok(RunExit::Cancelled);
-            }
-        }
-    }
-}
+/// The worker processes: probes writing a count every [`WRITE_EVERY`], and room
+/// for every task: a fair share must come from the membership, not from the
+/// capacity.
+const WORKERS: WorkerKind = WorkerKind {
+    env: "TASKSTAGE_HANDOVER",
+    prefix: PREFIX,
+    units: Units::Probe {
+        every: WRITE_EVERY,
+        values: Values::Counted,
+    },
+    capacity: Some(TASKS),
+};
 
 /// The worker process: joins (again whenever its lease is lost, each join written
 /// to its `.joins` file) and runs probes.
 #[test]
 #[ignore = "a worker process of the hand-over test; it starts it with TASKSTAGE_HANDOVER_WORKER set"]
 fn worker_process() {
-    let Ok(id) = std::env::var(WORKER_ENV) else {
-        return;
-    };
-    let endpoints: Vec<String> = cluster_support::required_env("TASKSTAGE_HANDOVER_ENDPOINTS")
-        .split(',')
-        .map(str::to_owned)
-        .collect();
-    let dir = PathBuf::from(cluster_support::required_env("TASKSTAGE_HANDOVER_DIR"));
-    let name = format!("worker-{id}-{}", std::process::id());
-    let recorder = Recorder::create(&dir, &name).expect("create the worker's history file");
-    let mut joins = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(dir.join(format!("{name}.joins")))
-        .expect("create the worker's joins file");
-    // The test holds the other end of stdin: when it goes away, so does this.
-    exit_when_stdin_closes();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a tokio runtime");
-    runtime.block_on(async move {
-        // Bounded: at most 1,000 joins; the test kills the process long before.
-        for _ in 0..1_000 {
-            let coord =
-                match EtcdCoordinator::connect(endpoints.clone(), EtcdOptions::default()).await {
-                    Ok(coord) => coord,
-                    Err(error) => {
-                        eprintln!("worker {id}: connect failed: {error}");
-                        tokio::time::sleep(RESYNC).await;
-                        continue;
-                    }
-                };
-            let factory = {
-                let (id, recorder) = (id.clone(), Arc::clone(&recorder));
-                move |spec: TaskSpec| {
-                    Ok(Task::builder(spec.task.as_str()).unit(Probe {
-                        task: spec.task.as_str().to_owned(),
-                        worker: id.clone(),
-                        fencer: spec.fencer,
-                        recorder: Arc::clone(&recorder),
-                    }))
-                }
-            };
-            // Room for every task: a fair share must come from the membership, not
-            // from the capacity.
-            let joined = Worker::builder(coord, PREFIX, id.clone())
-                .ttl(TTL)
-                .stop_bound(STOP_BOUND)
-                .resync(RESYNC)
-                .capacity(TASKS)
-                .join(factory)
-                .await;
-            match joined {
-                Ok(mut worker) => {
-                    let _ = writeln!(joins, "joined {:x}", worker.lease());
-                    let ended = worker.closed().await;
-                    eprintln!("worker {id}: ended ({ended:?}); joining again");
-                }
-                Err(error) => {
-                    eprintln!("worker {id}: join failed: {error}");
-                    tokio::time::sleep(RESYNC).await;
-                }
-            }
-        }
-    });
+    process::worker_process(&WORKERS);
 }
 
 // ---------------------------------------------------------------- the test side
@@ -197,34 +87,15 @@ impl Drop for Fleet {
     fn drop(&mut self) {
         // Workers first (by pid); the cluster's own guard then stops the members.
         self.procs.clear();
-        if std::thread::panicking() {
-            eprintln!("the histories are kept in {}", self.dir.display());
-        } else {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        }
+        remove_histories(&self.dir);
     }
 }
 
 impl Fleet {
     fn spawn(&mut self, id: &str) {
-        let exe = std::env::current_exe().expect("the test binary's path");
-        let log = std::fs::File::create(self.dir.join(format!("{id}.log")))
-            .map_or_else(|_| Stdio::null(), Stdio::from);
-        let child = Command::new(exe)
-            .args(["worker_process", "--exact", "--ignored", "--nocapture"])
-            .args(["--test-threads", "1"])
-            .env(WORKER_ENV, id)
-            .env(
-                "TASKSTAGE_HANDOVER_ENDPOINTS",
-                self.cluster.endpoints().join(","),
-            )
-            .env("TASKSTAGE_HANDOVER_DIR", &self.dir)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start a worker process");
-        self.procs.push((id.to_owned(), ChildGuard::new(child)));
+        let endpoints = self.cluster.endpoints();
+        let child = WORKERS.spawn(id, &endpoints, &self.dir, Settings::default());
+        self.procs.push((id.to_owned(), child));
     }
 
     fn ids(&self) -> Vec<String> {
@@ -470,12 +341,7 @@ async fn a_joining_worker_gets_its_share_by_graceful_hand_over() {
     let Some(cluster) = EtcdCluster::start_or_skip(3) else {
         return;
     };
-    let dir = std::env::temp_dir().join(format!(
-        "taskstage-handover-{}-{}",
-        std::process::id(),
-        now_ns()
-    ));
-    let recorder = Recorder::create(&dir, "test").expect("create the test's history");
+    let (dir, recorder) = histories("handover");
     let coord = EtcdCoordinator::connect(cluster.endpoints(), EtcdOptions::default())
         .await
         .expect("connect to the test cluster");

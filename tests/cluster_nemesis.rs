@@ -38,24 +38,19 @@ mod cluster_support;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cluster_support::history::{now_ns, Fault, History, Recorder, Replayed, Verdict, WriteOutcome};
-use cluster_support::{exit_when_stdin_closes, signal_pid, ChildGuard, EtcdCluster};
-use taskstage::cluster::{
-    ClusterError, Controller, DesiredStage, EtcdCoordinator, EtcdOptions, Fencer, TaskSpec,
-    TaskStatus, Worker,
+use cluster_support::history::{
+    histories, now_ns, remove_histories, Fault, History, Recorder, Replayed, Verdict,
 };
-use taskstage::{RunContext, RunError, RunExit, Stage, Task, Unit};
+use cluster_support::process::{self, Settings, Units, Values, WorkerKind, TTL};
+use cluster_support::{signal_pid, ChildGuard, EtcdCluster};
+use taskstage::cluster::{Controller, DesiredStage, EtcdCoordinator, EtcdOptions, TaskStatus};
+use taskstage::Stage;
 
 const PREFIX: &str = "nemesis";
-/// The workers' lease TTL.
-const TTL: Duration = Duration::from_secs(2);
-const STOP_BOUND: Duration = Duration::from_millis(600);
-const RESYNC: Duration = Duration::from_millis(200);
 /// How soon after a thaw a frozen owner must have dropped its run (the fault
 /// suite's allowance: the stop bound and a resync, with room for a loaded machine).
 const THAW_ALLOWANCE: Duration = Duration::from_millis(1_500);
@@ -79,132 +74,25 @@ const CONVERGENCE: Duration = Duration::from_secs(2 * (TTL.as_secs() + 3));
 /// Any one wait for the harness (a member healthy, a worker registered).
 const SETUP: Duration = Duration::from_secs(30);
 
-const WORKER_ENV: &str = "TASKSTAGE_NEMESIS_WORKER";
-
 // ---------------------------------------------------------------- worker process
 
-/// Ids of this process's checkpoint writes.
-static NEXT_WRITE: AtomicU64 = AtomicU64::new(1);
-
-/// A unit that records its run, then writes a fenced checkpoint every
-/// [`WRITE_EVERY`] whose value names the owner value, the token and a unique id
-/// (`{pid}-{n}`), recording each write with its outcome and id.
-struct Probe {
-    task: String,
-    worker: String,
-    fencer: Fencer,
-    recorder: Arc<Recorder>,
-}
-
-impl Unit for Probe {
-    fn name(&self) -> &str {
-        "probe"
-    }
-
-    async fn run(&mut self, ctx: RunContext) -> Result<RunExit, RunError> {
-        let token = self.fencer.token().clone();
-        let owner_value = format!("{}@{:x}", token.worker, token.lease);
-        let _alive =
-            self.recorder
-                .alive(&self.task, &self.worker, ctx.generation(), token.revision);
-        // Bounded by the run's cancellation.
-        loop {
-            tokio::select! {
-                _ = ctx.cancelled() => return Ok(RunExit::Cancelled),
-                _ = tokio::time::sleep(WRITE_EVERY) => {}
-            }
-            // Relaxed: a counter for unique ids within this process.
-            let n = NEXT_WRITE.fetch_add(1, Ordering::Relaxed);
-            let id = format!("{}-{n}", std::process::id());
-            let value = format!("{owner_value}|{}|{id}", token.revision).into_bytes();
-            let sent = now_ns();
-            let outcome = match self.fencer.put_checkpoint("pos", value).await {
-                Ok(()) => WriteOutcome::Accepted,
-                Err(ClusterError::Fenced { .. }) => WriteOutcome::Rejected,
-                Err(_) => WriteOutcome::Unknown,
-            };
-            self.recorder.write_with_id(
-                &self.task,
-                &self.worker,
-                token.revision,
-                sent,
-                outcome,
-                &id,
-            );
-            if outcome == WriteOutcome::Rejected {
-                ctx.cancelled().await;
-                return Ok(RunExit::Cancelled);
-            }
-        }
-    }
-}
+/// The worker processes: probes writing values with a unique id every
+/// [`WRITE_EVERY`], room for every task.
+const WORKERS: WorkerKind = WorkerKind {
+    env: "TASKSTAGE_NEMESIS",
+    prefix: PREFIX,
+    units: Units::Probe {
+        every: WRITE_EVERY,
+        values: Values::Unique,
+    },
+    capacity: Some(TASKS),
+};
 
 /// The worker process: joins, runs probes, joins again whenever its lease is lost.
 #[test]
 #[ignore = "a worker process of the nemesis; it starts it with TASKSTAGE_NEMESIS_WORKER set"]
 fn worker_process() {
-    let Ok(id) = std::env::var(WORKER_ENV) else {
-        return;
-    };
-    let endpoints: Vec<String> = cluster_support::required_env("TASKSTAGE_NEMESIS_ENDPOINTS")
-        .split(',')
-        .map(str::to_owned)
-        .collect();
-    let dir = PathBuf::from(cluster_support::required_env("TASKSTAGE_NEMESIS_DIR"));
-    let unfenced = cluster_support::required_env("TASKSTAGE_NEMESIS_UNFENCED") == "1";
-    let recorder = Recorder::create(&dir, &format!("worker-{id}-{}", std::process::id()))
-        .expect("create the worker's history file");
-    // The test holds the other end of stdin: when it goes away, so does this.
-    exit_when_stdin_closes();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a tokio runtime");
-    runtime.block_on(async move {
-        // Bounded: at most 10,000 joins; the test kills the process long before.
-        for _ in 0..10_000 {
-            let coord =
-                match EtcdCoordinator::connect(endpoints.clone(), EtcdOptions::default()).await {
-                    Ok(coord) => coord,
-                    Err(error) => {
-                        eprintln!("worker {id}: connect failed: {error}");
-                        tokio::time::sleep(RESYNC).await;
-                        continue;
-                    }
-                };
-            let factory = {
-                let (id, recorder) = (id.clone(), Arc::clone(&recorder));
-                move |spec: TaskSpec| {
-                    Ok(Task::builder(spec.task.as_str()).unit(Probe {
-                        task: spec.task.as_str().to_owned(),
-                        worker: id.clone(),
-                        fencer: spec.fencer,
-                        recorder: Arc::clone(&recorder),
-                    }))
-                }
-            };
-            let joined = Worker::builder(coord, PREFIX, id.clone())
-                .ttl(TTL)
-                .stop_bound(STOP_BOUND)
-                .resync(RESYNC)
-                .capacity(TASKS)
-                .unfenced_for_tests(unfenced)
-                .join(factory)
-                .await;
-            match joined {
-                Ok(mut worker) => {
-                    eprintln!("worker {id}: joined, lease {:x}", worker.lease());
-                    let ended = worker.closed().await;
-                    eprintln!("worker {id}: ended ({ended:?}); joining again");
-                }
-                Err(error) => {
-                    eprintln!("worker {id}: join failed: {error}");
-                    tokio::time::sleep(RESYNC).await;
-                }
-            }
-        }
-    });
+    process::worker_process(&WORKERS);
 }
 
 // ---------------------------------------------------------------- the test side
@@ -250,22 +138,13 @@ impl Drop for Fleet {
         // Workers first (by pid), then the cluster's own guard stops the members and
         // removes the chain.
         self.slots.clear();
-        if std::thread::panicking() {
-            eprintln!("the histories are kept in {}", self.dir.display());
-        } else {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        }
+        remove_histories(&self.dir);
     }
 }
 
 impl Fleet {
     async fn new(cluster: EtcdCluster, unfenced: bool) -> Fleet {
-        let dir = std::env::temp_dir().join(format!(
-            "taskstage-nemesis-{}-{}",
-            std::process::id(),
-            now_ns()
-        ));
-        let recorder = Recorder::create(&dir, "test").expect("create the test's history");
+        let (dir, recorder) = histories("nemesis");
         let coord = EtcdCoordinator::connect(cluster.endpoints(), EtcdOptions::default())
             .await
             .expect("connect to the test cluster");
@@ -290,29 +169,13 @@ impl Fleet {
 
     /// Starts the worker process of `slot` under the slot's id.
     fn spawn(&mut self, slot: usize) {
-        let id = self.slots[slot].id.clone();
-        let exe = std::env::current_exe().expect("the test binary's path");
-        let log = std::fs::File::create(self.dir.join(format!("{id}-{}.log", now_ns())))
-            .map_or_else(|_| Stdio::null(), Stdio::from);
-        let child = Command::new(exe)
-            .args(["worker_process", "--exact", "--ignored", "--nocapture"])
-            .args(["--test-threads", "1"])
-            .env(WORKER_ENV, &id)
-            .env(
-                "TASKSTAGE_NEMESIS_ENDPOINTS",
-                self.cluster.side_endpoints_of(slot).join(","),
-            )
-            .env("TASKSTAGE_NEMESIS_DIR", &self.dir)
-            .env(
-                "TASKSTAGE_NEMESIS_UNFENCED",
-                if self.unfenced { "1" } else { "0" },
-            )
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start a worker process");
-        self.slots[slot].child = Some(ChildGuard::new(child));
+        let settings = Settings {
+            unfenced: Some(self.unfenced),
+            ..Settings::default()
+        };
+        let endpoints = self.cluster.side_endpoints_of(slot);
+        let child = WORKERS.spawn(&self.slots[slot].id, &endpoints, &self.dir, settings);
+        self.slots[slot].child = Some(child);
     }
 
     fn pid(&self, slot: usize) -> Option<u32> {

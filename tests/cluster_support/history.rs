@@ -101,6 +101,33 @@ impl Fault {
     }
 }
 
+/// A fresh directory for the histories of one test of suite `suite`
+/// (`taskstage-{suite}-{pid}-{ns}` in the temporary directory), and the test's own
+/// history in it.
+///
+/// # Panics
+///
+/// If the directory or the history file cannot be created.
+pub(crate) fn histories(suite: &str) -> (PathBuf, Arc<Recorder>) {
+    let dir = std::env::temp_dir().join(format!(
+        "taskstage-{suite}-{}-{}",
+        std::process::id(),
+        now_ns()
+    ));
+    let recorder = Recorder::create(&dir, "test").expect("create the test's history");
+    (dir, recorder)
+}
+
+/// Removes the histories in `dir` once the processes that wrote them are gone;
+/// when the test is failing (the thread is panicking), keeps them and says where.
+pub(crate) fn remove_histories(dir: &Path) {
+    if std::thread::panicking() {
+        eprintln!("the histories are kept in {}", dir.display());
+    } else {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
 /// Appends one process's history to its own file.
 #[derive(Debug)]
 pub(crate) struct Recorder {

@@ -16,6 +16,7 @@
 
 pub(crate) mod firewall;
 pub(crate) mod history;
+pub(crate) mod process;
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -735,7 +736,7 @@ impl Unit for Counter {
 
     async fn run(&mut self, ctx: RunContext) -> Result<RunExit, RunError> {
         // Resume from the checkpoint; bounded by the run's cancellation.
-        let mut at: u64 = loop {
+        let at: u64 = loop {
             match self.fencer.checkpoint("pos").await {
                 Ok(Some(bytes)) => break String::from_utf8_lossy(&bytes).parse().unwrap_or(0),
                 Ok(None) => break 0,
@@ -768,23 +769,33 @@ impl Unit for Counter {
             task: self.task.clone(),
             run,
         };
-        loop {
-            tokio::select! {
-                _ = ctx.cancelled() => return Ok(RunExit::Cancelled),
-                _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+        count_from(&self.fencer, &ctx, at).await
+    }
+}
+
+/// Advances the fenced checkpoint `pos` from `at` by one every 50 ms until the run
+/// is cancelled; once the fence rejects a write, only waits for the cancellation.
+pub(crate) async fn count_from(
+    fencer: &Fencer,
+    ctx: &RunContext,
+    mut at: u64,
+) -> Result<RunExit, RunError> {
+    // Bounded by the run's cancellation.
+    loop {
+        tokio::select! {
+            _ = ctx.cancelled() => return Ok(RunExit::Cancelled),
+            _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+        }
+        match fencer
+            .put_checkpoint("pos", (at + 1).to_string().into_bytes())
+            .await
+        {
+            Ok(()) => at += 1,
+            Err(ClusterError::Fenced { .. }) => {
+                ctx.cancelled().await;
+                return Ok(RunExit::Cancelled);
             }
-            match self
-                .fencer
-                .put_checkpoint("pos", (at + 1).to_string().into_bytes())
-                .await
-            {
-                Ok(()) => at += 1,
-                Err(ClusterError::Fenced { .. }) => {
-                    ctx.cancelled().await;
-                    return Ok(RunExit::Cancelled);
-                }
-                Err(_) => {}
-            }
+            Err(_) => {}
         }
     }
 }
@@ -834,13 +845,4 @@ where
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-}
-
-/// A variable a worker process needs from the test that started it.
-///
-/// # Panics
-///
-/// If it is not set: the process was not started by its test.
-pub(crate) fn required_env(name: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| panic!("the worker process needs {name}"))
 }
