@@ -192,7 +192,7 @@ impl Fleet {
     /// long it took.
     async fn answered(&self, task: &str, within: Duration, ok: impl Fn(&str) -> bool) -> Duration {
         match self.settle(task, within, ok).await {
-            Ok(took) => took,
+            Ok((took, _)) => took,
             Err(last) => panic!("{task} was not answered within {within:?}; last status: {last:?}"),
         }
     }
@@ -203,7 +203,7 @@ impl Fleet {
         task: &str,
         within: Duration,
         ok: impl Fn(&str) -> bool,
-    ) -> Result<Duration, Option<TaskStatus>> {
+    ) -> Result<(Duration, TaskStatus), Option<TaskStatus>> {
         let started = Instant::now();
         // Bounded by `within`, polling every 20 ms.
         loop {
@@ -211,7 +211,7 @@ impl Fleet {
             if let Some(status) = &last {
                 let owner = status.owner.as_ref().map(|w| w.as_str());
                 if status.answers(status.desired_revision) && owner.is_some_and(&ok) {
-                    return Ok(started.elapsed());
+                    return Ok((started.elapsed(), status.clone()));
                 }
             }
             if started.elapsed() >= within {
@@ -256,8 +256,14 @@ impl Fleet {
     /// merged history.
     async fn verdict(&mut self, tasks: &[String]) -> Verdict {
         for task in tasks {
-            let _ = self.settle(task, LIVENESS, |_| true).await;
-            if let Ok(status) = self.controller.status(task).await {
+            // The end is the status that settled (or the last one read, if none did):
+            // a later read may fall inside a graceful hand-over, between the release
+            // and the claim, where the task is owned by nobody for a moment.
+            let end = match self.settle(task, LIVENESS, |_| true).await {
+                Ok((_, status)) => Some(status),
+                Err(last) => last,
+            };
+            if let Some(status) = end {
                 self.recorder.end(
                     task,
                     status.desired.name(),
