@@ -90,6 +90,19 @@ fn alive(shared: &SharedProbes, task: &str) -> usize {
     probes(shared).alive.get(task).map_or(0, Vec::len)
 }
 
+/// Waits until one run of `task` is alive, as its probe records it. A run is alive
+/// from its launch, when Running is published; the probe unit records itself after
+/// its first store read (its checkpoint), which a slow or frozen member delays. More
+/// than one is never waited for: each start checks that none was alive before it
+/// (see [`no_overlaps`]).
+async fn one_alive(shared: &SharedProbes, task: &str) {
+    eventually(WAIT, &format!("a run of {task} recorded alive"), || {
+        let n = alive(shared, task);
+        async move { (n == 1).then_some(()) }
+    })
+    .await;
+}
+
 fn no_overlaps(shared: &SharedProbes) {
     let violations = probes(shared).violations.clone();
     assert!(violations.is_empty(), "runs overlapped: {violations:#?}");
@@ -120,7 +133,7 @@ async fn claim_run_pause_resume_and_stop_across_the_cluster() {
         .unwrap();
     let running = controller.resume_within("orders", WAIT).await.unwrap();
     assert_eq!(running.stage, Stage::Running);
-    assert_eq!(alive(&shared, "orders"), 1);
+    one_alive(&shared, "orders").await;
     let owner = running.owner.clone();
 
     // A cluster-wide pause returns only when the run has returned, wherever it is.
@@ -137,7 +150,7 @@ async fn claim_run_pause_resume_and_stop_across_the_cluster() {
 
     let resumed = controller.resume_within("orders", WAIT).await.unwrap();
     assert_eq!(resumed.stage, Stage::Running);
-    assert_eq!(alive(&shared, "orders"), 1);
+    one_alive(&shared, "orders").await;
 
     let stopped = controller.stop_within("orders", WAIT).await.unwrap();
     assert_eq!(stopped.stage, Stage::Stopped);
@@ -426,7 +439,7 @@ async fn a_hung_etcd_member_is_left_behind_on_timeouts() {
     let resumed = controller.resume_within("tail", WAIT).await;
     let resumed = resumed.unwrap_or_else(|e| panic!("no resume answer after the freeze: {e}"));
     assert_eq!(resumed.stage, Stage::Running);
-    assert_eq!(alive(&shared, "tail"), 1);
+    one_alive(&shared, "tail").await;
     no_overlaps(&shared);
     let _ = w1.shutdown().await;
     let _ = w2.shutdown().await;
