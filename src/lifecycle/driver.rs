@@ -498,6 +498,7 @@ struct Plan<K, C> {
 }
 
 impl<K: CancelHandle, C: Send + Sync + 'static> Plan<K, C> {
+    /// The plan of `start`, and the guard that holds its kind, generation and unit.
     fn split<U, R>(
         driver: &Arc<Driver<K, C, U, R>>,
         start: Start<K, C, U>,
@@ -506,15 +507,8 @@ impl<K: CancelHandle, C: Send + Sync + 'static> Plan<K, C> {
         U: Work<K, C>,
         R: Runtime,
     {
-        let Start {
-            kind,
-            generation,
-            unit,
-            resume,
-            cancel,
-            config,
-            held,
-        } = start;
+        let (kind, generation) = (start.kind, start.generation);
+        let (plan, held) = Plan::of(start);
         let guard = ExitGuard {
             driver: Arc::clone(driver),
             kind,
@@ -522,27 +516,22 @@ impl<K: CancelHandle, C: Send + Sync + 'static> Plan<K, C> {
             armed: true,
             held,
         };
-        let plan = Plan {
-            unit,
-            resume,
-            cancel,
-            config,
-        };
         (plan, guard)
     }
 }
 
 impl<K, C> Plan<K, C> {
-    /// The plan and unit of a launch that continues a passed check in its future (its
-    /// generation is the check's).
-    fn continue_with<U>(launch: Start<K, C, U>) -> (Self, Option<U>) {
+    /// The plan of `start`, and the unit it carries. Its kind and generation are
+    /// the guard's to keep: set by [`Plan::split`], or, for a launch that continues
+    /// a passed check in its future, the check's generation and `Launch`.
+    fn of<U>(start: Start<K, C, U>) -> (Self, Option<U>) {
         let plan = Plan {
-            unit: launch.unit,
-            resume: launch.resume,
-            cancel: launch.cancel,
-            config: launch.config,
+            unit: start.unit,
+            resume: start.resume,
+            cancel: start.cancel,
+            config: start.config,
         };
-        (plan, launch.held)
+        (plan, start.held)
     }
 }
 
@@ -653,7 +642,7 @@ async fn run_armed<K, C, U, R>(
                         guard.kind = StartKind::Launch;
                         guard.armed = true;
                         Driver::carry_out_in_run(&driver, applied);
-                        (plan, guard.held) = Plan::continue_with(launch);
+                        (plan, guard.held) = Plan::of(launch);
                         continue;
                     }
                     other => {
