@@ -1136,15 +1136,8 @@ async fn takeover(run: &mut Run, figures: &mut Figures, bound: Duration) -> Resu
         .until_running("all running before the takeover", None, bound, None)
         .await?;
     let ids = run.worker_ids();
-    let Some((victim, _)) = ids
-        .iter()
-        .map(|w| {
-            let held = list
-                .iter()
-                .filter(|s| s.owner.as_ref().map(|o| o.as_str()) == Some(w.as_str()))
-                .count();
-            (w.clone(), held)
-        })
+    let Some((victim, _)) = harness::per_worker(&list, &ids)
+        .into_iter()
         .max_by_key(|(_, held)| *held)
     else {
         return Ok(());

@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use cluster_support::history::{histories, remove_histories, Fault, History, Recorder};
 use cluster_support::process::{self, Settings, Units, Values, WorkerKind};
-use cluster_support::{ChildGuard, EtcdCluster};
+use cluster_support::{per_worker, ChildGuard, EtcdCluster};
 use taskstage::cluster::{Controller, DesiredStage, EtcdCoordinator, EtcdOptions, TaskStatus};
 use taskstage::Stage;
 
@@ -137,20 +137,6 @@ fn running(status: &TaskStatus) -> bool {
     status.desired == DesiredStage::Running
         && status.answers(status.desired_revision)
         && status.current_observed().map(|o| o.stage) == Some(Stage::Running)
-}
-
-/// Tasks held per worker of `workers`, from a list's owners.
-fn per_worker(list: &[TaskStatus], workers: &[String]) -> BTreeMap<String, usize> {
-    workers
-        .iter()
-        .map(|w| {
-            let held = list
-                .iter()
-                .filter(|s| s.owner.as_ref().map(|o| o.as_str()) == Some(w.as_str()))
-                .count();
-            (w.clone(), held)
-        })
-        .collect()
 }
 
 /// Most over fewest (infinite when a worker holds none).

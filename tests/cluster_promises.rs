@@ -9,6 +9,8 @@
 //! Each test here kills a mutant of `scripts/mutation-check.sh` that every other
 //! suite let through (see docs/mutants.md).
 
+mod cluster_support;
+
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -825,20 +827,8 @@ impl Coordinator for LostAnswer {
 
     fn watch(&self, prefix: String, from: i64) -> BoxFuture<'_, Result<WatchStream, ClusterError>> {
         Box::pin(async move {
-            let mut inner = self.store.watch(prefix, from).await?;
-            let (tx, stream) = taskstage::cluster::watch_channel(64);
-            let mut lagging = self.lagging.subscribe();
-            // Bounded by the watch: it ends when either side ends.
-            tokio::spawn(async move {
-                while let Some(message) =
-                    std::future::poll_fn(|cx| inner.as_mut().poll_next(cx)).await
-                {
-                    if lagging.wait_for(|l| !*l).await.is_err() || tx.send(message).await.is_err() {
-                        return;
-                    }
-                }
-            });
-            Ok(stream)
+            let inner = self.store.watch(prefix, from).await?;
+            Ok(cluster_support::held_back(inner, self.lagging.subscribe()))
         })
     }
 

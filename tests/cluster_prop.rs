@@ -40,6 +40,8 @@
 //! the stage it is stuck in; a stop then escalates to abort and is answered. Each case must end
 //! within 30 s of real time.
 
+mod cluster_support;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -623,6 +625,19 @@ async fn a_hanging_store_cannot_hold_a_run_past_the_lease_deadline() {
     worker.crash().await;
 }
 
+/// A controller on `store` under [`PREFIX`], with every one of `tasks` created
+/// desired Running.
+async fn all_running(store: &MemoryCoordinator, tasks: &[String]) -> Controller {
+    let controller = Controller::new(store.clone(), PREFIX).expect("a controller");
+    for task in tasks {
+        controller
+            .create(task, Vec::new(), DesiredStage::Running)
+            .await
+            .expect("create");
+    }
+    controller
+}
+
 /// A controller under `prefix` that has created task "t" and resumed it: the call
 /// returns once a worker's run of it answered.
 async fn running_task(store: &MemoryCoordinator, prefix: &str) -> Controller {
@@ -809,14 +824,8 @@ async fn a_second_stop_writes_nothing_and_builds_nothing() {
 async fn a_fourth_worker_gets_its_share_by_hand_over_with_nothing_stopped_or_failed() {
     let store = MemoryCoordinator::new();
     let reg: Shared = Arc::default();
-    let controller = Controller::new(store.clone(), PREFIX).expect("a controller");
     let tasks: Vec<String> = (0..30).map(|i| format!("t{i:02}")).collect();
-    for task in &tasks {
-        controller
-            .create(task, Vec::new(), DesiredStage::Running)
-            .await
-            .expect("create");
-    }
+    let controller = all_running(&store, &tasks).await;
     let mut workers = Vec::new();
     for id in ["w0", "w1", "w2", "w3"] {
         if id == "w3" {
@@ -891,14 +900,8 @@ async fn settled(
 async fn a_hand_over_given_up_leaves_no_report_that_claims_a_rest() {
     let store = MemoryCoordinator::new();
     let reg: Shared = Arc::default();
-    let controller = Controller::new(store.clone(), PREFIX).expect("a controller");
     let tasks: Vec<String> = TASKS.iter().map(|t| (*t).to_owned()).collect();
-    for task in &tasks {
-        controller
-            .create(task, Vec::new(), DesiredStage::Running)
-            .await
-            .expect("create");
-    }
+    let controller = all_running(&store, &tasks).await;
     let w0 = join(&store, "w0", &reg).await;
     settled(&controller, std::slice::from_ref(&w0), &tasks, &reg, &[2]).await;
     let w1 = join(&store, "w1", &reg).await;
@@ -1026,20 +1029,8 @@ impl taskstage::cluster::Coordinator for LostRelease {
     ) -> taskstage::cluster::BoxFuture<'_, Result<taskstage::cluster::WatchStream, ClusterError>>
     {
         Box::pin(async move {
-            let mut inner = self.store.watch(prefix, from).await?;
-            let (tx, stream) = taskstage::cluster::watch_channel(64);
-            let mut held = self.held.subscribe();
-            // Bounded by the watch: it ends when either side ends.
-            tokio::spawn(async move {
-                while let Some(message) =
-                    std::future::poll_fn(|cx| inner.as_mut().poll_next(cx)).await
-                {
-                    if held.wait_for(|h| !*h).await.is_err() || tx.send(message).await.is_err() {
-                        return;
-                    }
-                }
-            });
-            Ok(stream)
+            let inner = self.store.watch(prefix, from).await?;
+            Ok(cluster_support::held_back(inner, self.held.subscribe()))
         })
     }
 
@@ -1063,14 +1054,8 @@ impl taskstage::cluster::Coordinator for LostRelease {
 async fn a_release_whose_answer_is_lost_never_leaves_two_runs() {
     let store = MemoryCoordinator::new();
     let reg: Shared = Arc::default();
-    let controller = Controller::new(store.clone(), PREFIX).expect("a controller");
     let tasks: Vec<String> = TASKS.iter().map(|t| (*t).to_owned()).collect();
-    for task in &tasks {
-        controller
-            .create(task, Vec::new(), DesiredStage::Running)
-            .await
-            .expect("create");
-    }
+    let controller = all_running(&store, &tasks).await;
     let door = LostRelease::new(&store);
     let w0 = Worker::builder(door.clone(), PREFIX, "w0")
         .ttl(Duration::from_secs(2))

@@ -18,7 +18,7 @@ pub(crate) mod firewall;
 pub(crate) mod history;
 pub(crate) mod process;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::unix::process::CommandExt;
@@ -27,7 +27,7 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use taskstage::cluster::{ClusterError, Fencer, TaskSpec};
+use taskstage::cluster::{ClusterError, Fencer, TaskSpec, TaskStatus};
 use taskstage::{RunContext, RunError, RunExit, Task, TaskBuilder, Unit};
 
 /// Only one etcd cluster at a time: three members per test on two cores is
@@ -845,4 +845,36 @@ where
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Tasks held per worker of `workers`, from a list's owners.
+pub(crate) fn per_worker(list: &[TaskStatus], workers: &[String]) -> BTreeMap<String, usize> {
+    workers
+        .iter()
+        .map(|w| {
+            let held = list
+                .iter()
+                .filter(|s| s.owner.as_ref().map(|o| o.as_str()) == Some(w.as_str()))
+                .count();
+            (w.clone(), held)
+        })
+        .collect()
+}
+
+/// `inner`'s messages, each held back while `gate` holds `true`: a watch that lags
+/// for as long as a test says. Ends when either side ends.
+pub(crate) fn held_back(
+    mut inner: taskstage::cluster::WatchStream,
+    mut gate: tokio::sync::watch::Receiver<bool>,
+) -> taskstage::cluster::WatchStream {
+    let (tx, stream) = taskstage::cluster::watch_channel(64);
+    // Bounded by the watch: it ends when either side ends.
+    tokio::spawn(async move {
+        while let Some(message) = std::future::poll_fn(|cx| inner.as_mut().poll_next(cx)).await {
+            if gate.wait_for(|held| !*held).await.is_err() || tx.send(message).await.is_err() {
+                return;
+            }
+        }
+    });
+    stream
 }
