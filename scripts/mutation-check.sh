@@ -743,7 +743,7 @@ m45() {
   MUTANT="a keep-alive answered Expired ends the session without clearing the deadline: the runs go on until the old deadline and the worker never reports LeaseLost"
   SUITE="--all-features --test cluster_promises a_worker_whose_lease_is_gone"
   edit src/cluster/worker/session.rs <<'EOF'
-                    lease_tx.send_replace(LeaseState { stop_at: None });
+                    lease_tx.send_modify(|state| state.stop_at = None);
                     return;
 @@@@
                     return;
@@ -863,9 +863,9 @@ m55() {
   MUTANT="at the lease deadline the guard finds the local runs but does not stop them (it leaves them to the reconcile loop, which a blocking factory may hold up)"
   SUITE="--all-features --test cluster_promises the_guard_stops_runs_at_the_deadline"
   edit src/cluster/worker/guard.rs <<'EOF'
-            drop(spawn_stop(&inner, task, handle));
+        drop(spawn_stop(inner, task, handle));
 @@@@
-            drop((task, handle));
+        drop((task, handle));
 EOF
 }
 
@@ -1501,6 +1501,114 @@ m107() {
                         },
                     );
                     self.slots.insert(task.clone(), Slot { token, task: None });
+EOF
+}
+
+m108() {
+  WHERE="cluster/worker/keeper.rs: Keeper::start"
+  MUTANT="the lease is kept on the joining runtime whatever was asked: units that block that runtime delay every keep-alive and the lease is lost"
+  SUITE="--all-features --test cluster_overrun units_blocking_every_runtime_thread_cost_no_lease"
+  edit src/cluster/worker/keeper.rs <<'EOF'
+            LeaseKeeping::SharedRuntime => Ok(Keeper::Shared(tokio::spawn(loops))),
+@@@@
+            LeaseKeeping::SharedRuntime | LeaseKeeping::OwnThread if loops_here() => {
+                Ok(Keeper::Shared(tokio::spawn(loops)))
+            }
+EOF
+  edit src/cluster/worker/keeper.rs <<'EOF'
+/// Runs `a` and `b` to completion, side by side.
+@@@@
+fn loops_here() -> bool {
+    true
+}
+
+/// Runs `a` and `b` to completion, side by side.
+EOF
+}
+
+m109() {
+  WHERE="cluster/etcd.rs: EtcdCoordinator::fresh_connection"
+  MUTANT="the lease thread keeps the lease through the application's etcd connection, whose I/O runs on the application's runtime: a blocked runtime delays the keep-alives"
+  SUITE="--all-features --test cluster_overrun on_etcd_units_blocking"
+  edit src/cluster/etcd.rs <<'EOF'
+    fn fresh_connection(&self) -> Option<Arc<dyn Coordinator>> {
+        Some(Arc::new(EtcdCoordinator {
+@@@@
+    fn fresh_connection(&self) -> Option<Arc<dyn Coordinator>> {
+        None::<Arc<dyn Coordinator>>?;
+        Some(Arc::new(EtcdCoordinator {
+EOF
+}
+
+m110() {
+  WHERE="cluster/worker/guard.rs: overrun"
+  MUTANT="the default overrun policy only logs: a run that cannot be stopped outlives the lease"
+  SUITE="--all-features --test cluster_overrun a_run_that_cannot_be_stopped"
+  edit src/cluster/worker/guard.rs <<'EOF'
+            std::process::exit(OVERRUN_EXIT_CODE);
+@@@@
+            let _ = OVERRUN_EXIT_CODE;
+EOF
+}
+
+m111() {
+  WHERE="cluster/worker/guard.rs: guard"
+  MUTANT="past exit_at the guard stops runs again but does not check that they are gone: the overrun policy never acts while the worker runs"
+  SUITE="--all-features --test cluster_overrun a_run_that_cannot_be_stopped"
+  edit src/cluster/worker/guard.rs <<'EOF'
+            if !alive.is_empty() {
+                overrun(&inner, &alive);
+@@@@
+            if alive.is_empty() {
+                overrun(&inner, &alive);
+EOF
+}
+
+m112() {
+  WHERE="cluster/worker/guard.rs: stop_the_rest"
+  MUTANT="at the deadline the guard stops only Running tasks: New, Paused, Pausing and Resuming are left to the reconcile loop, which a blocking factory may hold up"
+  SUITE="--all-features --test cluster_overrun the_guard_stops_every_stage"
+  edit src/cluster/worker/guard.rs <<'EOF'
+            decide::must_fence(stage) && stage != Stage::Stopping
+@@@@
+            stage == Stage::Running
+EOF
+}
+
+m113() {
+  WHERE="cluster/worker/mod.rs: WorkerBuilder::check"
+  MUTANT="an overrun margin as large as the stop bound or larger is accepted: the overrun policy would act before a stop had its time"
+  SUITE="--all-features --test cluster_overrun an_overrun_margin"
+  edit src/cluster/worker/mod.rs <<'EOF'
+        if self.margin() >= self.stop_bound {
+@@@@
+        if self.margin() > self.stop_bound * 100 {
+EOF
+}
+
+m114() {
+  WHERE="cluster/worker/session.rs: Session::run"
+  MUTANT="a keep-alive answer moves the deadline from when the answer came, not from when the keep-alive was sent"
+  SUITE="--all-features --test cluster_promises the_lease_deadline_counts_from"
+  edit src/cluster/worker/session.rs <<'EOF'
+                        decide::stop_at(sent, ttl_ms, timing.rho_permille, timing.stop_bound_ms);
+@@@@
+                        decide::stop_at(inner.now_ms(), ttl_ms, timing.rho_permille, timing.stop_bound_ms);
+EOF
+}
+
+m115() {
+  WHERE="cluster/worker/mod.rs: Worker::shutdown"
+  MUTANT="a clean shutdown revokes the lease without waiting for the runs it stopped: another worker may start a task whose run is still alive here"
+  SUITE="--all-features --test cluster_overrun a_shutdown_revokes_the_lease_only"
+  edit src/cluster/worker/mod.rs <<'EOF'
+        if let Some(keeper) = self.keeper.take() {
+            keeper.ended().await;
+        }
+        if self.inner.runs_may_be_alive() {
+@@@@
+        drop(self.keeper.take());
+        if self.inner.lease < 0 {
 EOF
 }
 

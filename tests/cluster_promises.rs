@@ -16,8 +16,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use taskstage::cluster::{
-    BoxFuture, ClusterError, Controller, Coordinator, DesiredStage, Grant, KeepAlive, Listing,
-    MemoryCoordinator, Op, Txn, TxnResult, WatchStream, Worker,
+    BoxFuture, ClusterError, Controller, Coordinator, DesiredStage, Grant, KeepAlive, LeaseKeeping,
+    Listing, MemoryCoordinator, Op, Txn, TxnResult, WatchStream, Worker,
 };
 use taskstage::{RunContext, RunError, RunExit, Stage, Task, Unit};
 use tokio::time::Instant;
@@ -53,6 +53,8 @@ async fn the_lease_deadline_leaves_the_drift_and_the_stop_bound() {
     // TTL 10 s, ρ = 0.1, stop bound 2 s: the lease is trusted for 10·0.9 − 2 = 7 s
     // after each keep-alive is sent, and keep-alives go every 7 s / 3 = 2333 ms.
     let worker = Worker::builder(store.clone(), "lease", "w1")
+        // tokio's paused clock: only this runtime sees it.
+        .lease_keeping(LeaseKeeping::SharedRuntime)
         .ttl(Duration::from_secs(10))
         .drift(0.1)
         .stop_bound(Duration::from_secs(2))
@@ -76,6 +78,88 @@ async fn the_lease_deadline_leaves_the_drift_and_the_stop_bound() {
         moved.duration_since(joined),
         Duration::from_millis(2_333 + 7_000),
         "a keep-alive's deadline is not sent + TTL·(1−ρ) − stop bound"
+    );
+    worker.shutdown().await.expect("shutdown");
+}
+
+/// A coordinator that forwards to the in-memory store and answers every
+/// keep-alive `delay` late (the store renews the lease when it gets it, at once).
+#[derive(Clone)]
+struct SlowAnswers {
+    store: MemoryCoordinator,
+    delay: Duration,
+}
+
+impl Coordinator for SlowAnswers {
+    fn grant(&self, ttl: Duration) -> BoxFuture<'_, Result<Grant, ClusterError>> {
+        self.store.grant(ttl)
+    }
+
+    fn keep_alive(&self, lease: i64) -> BoxFuture<'_, Result<KeepAlive, ClusterError>> {
+        Box::pin(async move {
+            let answer = self.store.keep_alive(lease).await;
+            tokio::time::sleep(self.delay).await;
+            answer
+        })
+    }
+
+    fn revoke(&self, lease: i64) -> BoxFuture<'_, Result<(), ClusterError>> {
+        self.store.revoke(lease)
+    }
+
+    fn list(&self, prefix: String) -> BoxFuture<'_, Result<Listing, ClusterError>> {
+        self.store.list(prefix)
+    }
+
+    fn txn(&self, txn: Txn) -> BoxFuture<'_, Result<TxnResult, ClusterError>> {
+        self.store.txn(txn)
+    }
+
+    fn watch(&self, prefix: String, from: i64) -> BoxFuture<'_, Result<WatchStream, ClusterError>> {
+        self.store.watch(prefix, from)
+    }
+
+    fn wait_change(
+        &self,
+        prefix: String,
+        after: i64,
+        timeout: Duration,
+    ) -> BoxFuture<'_, Result<(), ClusterError>> {
+        self.store.wait_change(prefix, after, timeout)
+    }
+}
+
+/// The deadline counts from when the keep-alive was *sent*, not from when its
+/// answer came: with every answer 500 ms late, the keep-alive sent at 2333 ms
+/// still moves the deadline to 2333 + 7000 ms.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_lease_deadline_counts_from_the_keep_alive_sent_not_answered() {
+    let store = MemoryCoordinator::new();
+    let slow = SlowAnswers {
+        store: store.clone(),
+        delay: Duration::from_millis(500),
+    };
+    let joined = Instant::now();
+    let worker = Worker::builder(slow, "sent", "w1")
+        // tokio's paused clock: only this runtime sees it.
+        .lease_keeping(LeaseKeeping::SharedRuntime)
+        .ttl(Duration::from_secs(10))
+        .drift(0.1)
+        .stop_bound(Duration::from_secs(2))
+        .join(|spec| Ok(Task::builder(spec.task.as_str()).unit(Wait)))
+        .await
+        .expect("join on the in-memory store");
+    let first = worker.stop_deadline().expect("a deadline at join");
+    let moved = eventually(
+        Duration::from_secs(5),
+        "a keep-alive moving the deadline",
+        || worker.stop_deadline().filter(|deadline| *deadline != first),
+    )
+    .await;
+    assert_eq!(
+        moved.duration_since(joined),
+        Duration::from_millis(2_333 + 7_000),
+        "the deadline does not count from when the keep-alive was sent"
     );
     worker.shutdown().await.expect("shutdown");
 }
@@ -222,6 +306,8 @@ async fn a_worker_holds_no_more_tasks_than_its_capacity() {
     }
     let join = |id: &'static str| {
         Worker::builder(store.clone(), "cap", id)
+            // tokio's paused clock: only this runtime sees it.
+            .lease_keeping(LeaseKeeping::SharedRuntime)
             .ttl(Duration::from_secs(2))
             .stop_bound(Duration::from_millis(600))
             .resync(Duration::from_millis(200))
@@ -289,6 +375,8 @@ async fn join_counted(
 ) -> Worker {
     let (alive, most) = (Arc::clone(&counters.0), Arc::clone(&counters.1));
     Worker::builder(store.clone(), prefix, id)
+        // tokio's paused clock: only this runtime sees it.
+        .lease_keeping(LeaseKeeping::SharedRuntime)
         .ttl(Duration::from_secs(2))
         .stop_bound(Duration::from_millis(600))
         .resync(Duration::from_millis(200))
@@ -403,6 +491,8 @@ async fn a_claim_never_overwrites_another_workers_owner_key() {
     let counters: Counters = Default::default();
     let (alive, most) = (Arc::clone(&counters.0), Arc::clone(&counters.1));
     let w1 = Worker::builder(racing.clone(), "race", "w1")
+        // tokio's paused clock: only this runtime sees it.
+        .lease_keeping(LeaseKeeping::SharedRuntime)
         .ttl(Duration::from_secs(2))
         .stop_bound(Duration::from_millis(600))
         .resync(Duration::from_millis(200))
@@ -683,6 +773,8 @@ async fn join_probed(
     let (worker, probes) = (id.to_owned(), probes.clone());
     let failed_once = std::sync::atomic::AtomicBool::new(!flaky);
     Worker::builder(coordinator, prefix, id)
+        // tokio's paused clock: only this runtime sees it.
+        .lease_keeping(LeaseKeeping::SharedRuntime)
         .ttl(Duration::from_secs(2))
         .stop_bound(Duration::from_millis(600))
         .resync(Duration::from_millis(200))

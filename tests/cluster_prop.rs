@@ -49,7 +49,8 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
 use taskstage::cluster::{
-    ClusterError, Controller, DesiredStage, Fencer, MemoryCoordinator, TaskId, TaskSpec, Worker,
+    ClusterError, Controller, DesiredStage, Fencer, LeaseKeeping, MemoryCoordinator, TaskId,
+    TaskSpec, Worker,
 };
 use taskstage::{RunContext, RunError, RunExit, Task, TaskBuilder, Unit};
 
@@ -289,6 +290,8 @@ fn factory(
 
 async fn join(store: &MemoryCoordinator, id: &str, reg: &Shared) -> Worker {
     Worker::builder(store.clone(), PREFIX, id)
+        // tokio's paused clock: only this runtime sees it.
+        .lease_keeping(LeaseKeeping::SharedRuntime)
         .ttl(Duration::from_secs(2))
         .stop_bound(Duration::from_millis(600))
         .resync(Duration::from_millis(200))
@@ -524,6 +527,8 @@ async fn a_pause_that_cannot_be_answered_times_out_naming_the_task_owner_and_sta
 
     // Owned by a worker whose run ignores cancellation: the pause is stuck in Pausing.
     let worker = Worker::builder(store.clone(), PREFIX, "w1")
+        // tokio's paused clock: only this runtime sees it.
+        .lease_keeping(LeaseKeeping::SharedRuntime)
         .ttl(Duration::from_secs(2))
         .join(|spec: TaskSpec| Ok(Task::builder(spec.task.as_str()).unit(Stubborn)))
         .await
@@ -595,6 +600,8 @@ async fn a_hanging_store_cannot_hold_a_run_past_the_lease_deadline() {
     let count = Arc::clone(&live);
     let stop_bound = Duration::from_millis(600);
     let worker = Worker::builder(store.clone(), "hang", "w1")
+        // tokio's paused clock: only this runtime sees it.
+        .lease_keeping(LeaseKeeping::SharedRuntime)
         .ttl(Duration::from_secs(2))
         .stop_bound(stop_bound)
         .resync(Duration::from_millis(200))
@@ -672,6 +679,8 @@ where
     F: Fn() -> U + Send + Sync + 'static,
 {
     Worker::builder(store.clone(), prefix, id)
+        // tokio's paused clock: only this runtime sees it.
+        .lease_keeping(LeaseKeeping::SharedRuntime)
         .ttl(Duration::from_secs(2))
         .stop_bound(Duration::from_millis(600))
         .resync(Duration::from_millis(200))
@@ -1058,6 +1067,8 @@ async fn a_release_whose_answer_is_lost_never_leaves_two_runs() {
     let controller = all_running(&store, &tasks).await;
     let door = LostRelease::new(&store);
     let w0 = Worker::builder(door.clone(), PREFIX, "w0")
+        // tokio's paused clock: only this runtime sees it.
+        .lease_keeping(LeaseKeeping::SharedRuntime)
         .ttl(Duration::from_secs(2))
         .stop_bound(Duration::from_millis(600))
         .resync(Duration::from_millis(200))
@@ -1101,6 +1112,8 @@ async fn a_late_claim_never_runs_a_task_whose_stop_was_answered() {
     door.claims_wait.send_replace(true);
     door.held.send_replace(true);
     let z0 = Worker::builder(door.clone(), PREFIX, "z0")
+        // tokio's paused clock: only this runtime sees it.
+        .lease_keeping(LeaseKeeping::SharedRuntime)
         .ttl(Duration::from_secs(2))
         .stop_bound(Duration::from_millis(600))
         .resync(Duration::from_millis(200))

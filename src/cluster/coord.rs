@@ -266,4 +266,17 @@ pub trait Coordinator: Send + Sync + 'static {
         after: i64,
         timeout: Duration,
     ) -> BoxFuture<'_, Result<(), ClusterError>>;
+
+    /// A coordinator on the same store with a connection of its own, made on its
+    /// first call, on the runtime that makes that call.
+    ///
+    /// A [`Worker`](super::Worker) keeps its lease through one on its lease thread,
+    /// so that no keep-alive waits for the application's runtime: a network client
+    /// does its I/O on tasks of the runtime that connected it, and those wait when
+    /// the units keep that runtime busy. `None` (the default) means that this
+    /// coordinator's calls do not depend on the runtime that made it, as for
+    /// [`MemoryCoordinator`](super::MemoryCoordinator): the worker uses it as it is.
+    fn fresh_connection(&self) -> Option<std::sync::Arc<dyn Coordinator>> {
+        None
+    }
 }

@@ -160,8 +160,26 @@ pub enum Action {
 /// at this instant is gone before the lease can expire and before anyone else can
 /// take the owner key.
 pub fn stop_at(sent: u64, ttl: u64, rho_permille: u64, stop_bound: u64) -> u64 {
+    trusted_until(sent, ttl, rho_permille).saturating_sub(stop_bound)
+}
+
+/// The last instant at which a run of the owner may still be alive, given when its
+/// last answered keep-alive was *sent*: `sent + ttl·(1−ρ) − margin`.
+///
+/// [`stop_at`] leaves a whole stop bound before the earliest instant the store may
+/// expire the lease; this one leaves only `margin`. A run that is not confirmed gone
+/// by then is past what the safety argument allows, and the worker applies its
+/// overrun policy (by default it ends the process, which the kernel enforces).
+/// `margin < stop_bound` (checked at join), so this comes after `stop_at`.
+pub fn exit_at(sent: u64, ttl: u64, rho_permille: u64, margin: u64) -> u64 {
+    trusted_until(sent, ttl, rho_permille).saturating_sub(margin)
+}
+
+/// `sent + ttl·(1−ρ)`: the earliest instant, on this machine's clock, at which the
+/// store may expire a lease whose keep-alive was sent at `sent`.
+fn trusted_until(sent: u64, ttl: u64, rho_permille: u64) -> u64 {
     let usable = ttl.saturating_mul(1000 - rho_permille.min(1000)) / 1000;
-    sent.saturating_add(usable).saturating_sub(stop_bound)
+    sent.saturating_add(usable)
 }
 
 /// Whether the lease still allows local runs at `now`: its `stop_at` is known and not
@@ -302,6 +320,13 @@ mod tests {
     fn stop_at_leaves_the_drift_and_the_stop_bound() {
         assert_eq!(stop_at(1_000, 2_000, 100, 500), 1_000 + 1_800 - 500);
         assert_eq!(stop_at(0, 2_000, 0, 5_000), 0);
+    }
+
+    #[test]
+    fn exit_at_leaves_the_drift_and_only_the_margin() {
+        assert_eq!(exit_at(1_000, 2_000, 100, 150), 1_000 + 1_800 - 150);
+        assert!(exit_at(1_000, 2_000, 100, 150) > stop_at(1_000, 2_000, 100, 500));
+        assert_eq!(exit_at(0, 2_000, 0, 5_000), 0);
     }
 
     #[test]

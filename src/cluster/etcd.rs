@@ -468,6 +468,21 @@ fn convert_txn(txn: Txn) -> EtcdTxn {
 }
 
 impl Coordinator for EtcdCoordinator {
+    /// The same endpoints and options, not connected yet: the first call connects
+    /// from the runtime that makes it, so the connection's tasks run there.
+    fn fresh_connection(&self) -> Option<Arc<dyn Coordinator>> {
+        Some(Arc::new(EtcdCoordinator {
+            inner: Arc::new(Inner {
+                endpoints: self.inner.endpoints.clone(),
+                options: self.inner.options,
+                current: Mutex::new(Current {
+                    index: self.lock().index,
+                    client: None,
+                }),
+            }),
+        }))
+    }
+
     fn grant(&self, ttl: Duration) -> BoxFuture<'_, Result<Grant, ClusterError>> {
         Box::pin(async move {
             let secs = (ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0)).max(1) as i64;

@@ -83,7 +83,10 @@ pub use self::etcd::{EtcdCoordinator, EtcdOptions};
 pub use self::fence::{FenceToken, Fencer};
 pub use self::keys::{DesiredStage, ObservedOutcome, ObservedStatus, TaskId, WorkerId, MAX_ID_LEN};
 pub use self::memory::MemoryCoordinator;
-pub use self::worker::{FactoryError, TaskSpec, Worker, WorkerBuilder, MIN_TTL};
+pub use self::worker::{
+    FactoryError, LeaseKeeping, OverrunPolicy, TaskSpec, Worker, WorkerBuilder, MIN_TTL,
+    OVERRUN_EXIT_CODE,
+};
 
 /// The code blocks of `docs/cluster.md`, compiled and run as doc tests.
 #[cfg(doctest)]

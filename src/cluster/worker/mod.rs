@@ -1,12 +1,15 @@
 //! The worker: joins with a lease, claims its share of the tasks, runs them,
 //! fences itself.
 //!
-//! A worker is five parts, each a file that owns one thing:
+//! A worker is six parts, each a file that owns one thing:
 //!
 //! - [`session`]: the lease and the keep-alive loop, the only writer of the
-//!   lease deadline;
-//! - [`guard`]: the deadline's enforcer, which stops every local run once the
-//!   lease no longer allows runs, whatever else is happening;
+//!   lease deadlines;
+//! - [`guard`]: the deadlines' enforcer, which stops every local run once the
+//!   lease no longer allows runs, and answers a run not gone by the last instant
+//!   the lease allows with the [`OverrunPolicy`], whatever else is happening;
+//! - [`keeper`]: where those two run: a thread of the worker's own by default
+//!   ([`LeaseKeeping`]);
 //! - [`view`]: what the worker knows of the store, a cache fed by one list and a
 //!   watch per prefix;
 //! - [`queue`]: which task is decided about next, each at most once at a time, up
@@ -19,6 +22,7 @@
 
 mod guard;
 mod handover;
+mod keeper;
 mod queue;
 mod reconcile;
 mod session;
@@ -35,6 +39,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::runtime::{Handle, TaskBuilder};
 
+use self::keeper::Keeper;
 use self::session::{LeaseState, Session, Timing};
 use super::coord::{Coordinator, Op, Txn};
 use super::decide;
@@ -44,6 +49,60 @@ use super::keys::{owner_value, Keys, TaskId, WorkerId};
 
 /// The smallest lease TTL a worker accepts.
 pub const MIN_TTL: Duration = Duration::from_secs(2);
+
+/// The exit status of a process that [`OverrunPolicy::ExitProcess`] ended: 75
+/// (`EX_TEMPFAIL` in BSD's `sysexits.h`, "try again later"). A supervisor that
+/// restarts the process on it gets a fresh worker that joins with a new lease.
+pub const OVERRUN_EXIT_CODE: i32 = 75;
+
+/// Where a worker keeps its lease and enforces its deadlines; set by
+/// [`WorkerBuilder::lease_keeping`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum LeaseKeeping {
+    /// On a thread of the worker's own, with a small runtime and a connection to
+    /// the store of its own ([`Coordinator::fresh_connection`]): units that keep
+    /// every thread of the application's runtime busy delay neither a keep-alive
+    /// nor a deadline, as long as the OS schedules that one thread. The default.
+    #[default]
+    OwnThread,
+    /// On the runtime that calls [`WorkerBuilder::join`], beside the units: for
+    /// tests under tokio's paused clock, which only that runtime sees (the
+    /// in-memory store measures its leases on it). **Gives up** the lease's
+    /// independence from the application's load: a runtime the units keep busy
+    /// delays keep-alives (the lease can be lost while the process is alive) and
+    /// the guard (the overrun policy then acts late, or not before the lease may
+    /// have expired).
+    SharedRuntime,
+}
+
+/// What a worker does when a run of its own is not confirmed gone at the last
+/// instant its lease allows; set by [`WorkerBuilder::on_overrun`].
+///
+/// That instant is when the last answered keep-alive was sent, plus TTL·(1−ρ),
+/// less the [overrun margin](WorkerBuilder::overrun_margin).
+///
+/// By then the run had its stop, its grace and its abort; what is left is a run
+/// whose future cannot be dropped, because the thread polling it does not return
+/// (a unit that blocks) or the runtime holding it does not get to it. Past that
+/// instant the store may expire the lease, and another worker start the task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum OverrunPolicy {
+    /// Logs the tasks concerned (through `tracing` and on stderr) and ends the
+    /// process with [`OVERRUN_EXIT_CODE`]: the kernel ends every run with it. The
+    /// default, and the only choice that keeps "at most one live run" for effects
+    /// that carry no fence token.
+    #[default]
+    ExitProcess,
+    /// Logs the tasks concerned (through `tracing`) and goes on. **Gives up** the
+    /// promise for unfenced effects: the run may outlive the lease, and what it
+    /// does without a fence token may be done twice once another worker runs the
+    /// task. Fenced writes stay safe (the store rejects them). Choose it only
+    /// where every effect of the units is fenced, or where ending the process is
+    /// worse than a duplicate.
+    LogOnly,
+}
 
 /// What the factory is given to build one task.
 #[derive(Debug)]
@@ -74,6 +133,9 @@ pub struct WorkerBuilder {
     resync: Duration,
     op_timeout: Duration,
     unfenced: bool,
+    lease_keeping: LeaseKeeping,
+    overrun: OverrunPolicy,
+    overrun_margin: Option<Duration>,
 }
 
 impl std::fmt::Debug for WorkerBuilder {
@@ -87,6 +149,9 @@ impl std::fmt::Debug for WorkerBuilder {
             .field("capacity", &self.capacity)
             .field("max_in_flight", &self.max_in_flight)
             .field("resync", &self.resync)
+            .field("lease_keeping", &self.lease_keeping)
+            .field("overrun", &self.overrun)
+            .field("overrun_margin", &self.margin())
             .finish_non_exhaustive()
     }
 }
@@ -141,6 +206,35 @@ impl WorkerBuilder {
         self
     }
 
+    /// Where the lease is kept and its deadlines enforced (default
+    /// [`LeaseKeeping::OwnThread`]).
+    pub fn lease_keeping(mut self, keeping: LeaseKeeping) -> Self {
+        self.lease_keeping = keeping;
+        self
+    }
+
+    /// What the worker does when a run of its own is not confirmed gone at the
+    /// last instant its lease allows (default [`OverrunPolicy::ExitProcess`]).
+    pub fn on_overrun(mut self, policy: OverrunPolicy) -> Self {
+        self.overrun = policy;
+        self
+    }
+
+    /// How long before the store may expire the lease every run must be confirmed
+    /// gone (default a quarter of the stop bound). It must be less than the stop
+    /// bound, so that a stop has had its whole time before the overrun policy acts.
+    /// A larger margin absorbs longer scheduling delays of the lease thread (a
+    /// process stopped or starved for that long still ends before the lease may
+    /// expire) at the price of less time for a stop.
+    pub fn overrun_margin(mut self, margin: Duration) -> Self {
+        self.overrun_margin = Some(margin);
+        self
+    }
+
+    fn margin(&self) -> Duration {
+        self.overrun_margin.unwrap_or(self.stop_bound / 4)
+    }
+
     /// **Breaks the crate's promise; for tests of the checks only.** The worker
     /// skips self-fencing (it ignores its lease deadline, a lost lease and a key
     /// taken by another worker) and fencing (its writes carry no compare). The
@@ -174,6 +268,16 @@ impl WorkerBuilder {
             });
         }
         let rho = (self.drift * 1000.0).ceil() as u64;
+        if self.margin() >= self.stop_bound {
+            return Err(ClusterError::InvalidTiming {
+                reason: format!(
+                    "overrun margin {:?} is not less than the stop bound {:?}: the overrun \
+                     policy would act before a stop had its time",
+                    self.margin(),
+                    self.stop_bound
+                ),
+            });
+        }
         let every = self.keep_alive_every(rho);
         // At least three keep-alives, each with its own deadline, fit in the time a
         // lease is trusted for.
@@ -200,7 +304,9 @@ impl WorkerBuilder {
     }
 
     /// Joins the cluster: grants the lease, registers the worker under it, and starts
-    /// the keep-alive and reconcile loops on the current tokio runtime.
+    /// the keep-alive loop and the deadline guard where [`LeaseKeeping`] says (a
+    /// thread of their own by default), and the reconcile loop on the current tokio
+    /// runtime, where the tasks run.
     ///
     /// `factory` builds a task from its spec; it is given the owner's [`Fencer`] so
     /// that the units it builds can fence their side effects. The worker sets the
@@ -210,7 +316,8 @@ impl WorkerBuilder {
     ///
     /// - [`ClusterError::InvalidWorkerId`], [`ClusterError::InvalidPrefix`],
     ///   [`ClusterError::TtlTooShort`], [`ClusterError::InvalidTiming`] for bad
-    ///   settings: nothing was written.
+    ///   settings (an overrun margin not less than the stop bound among them):
+    ///   nothing was written.
     /// - [`ClusterError::Unreachable`] when the store did not answer: nothing was
     ///   started (a lease granted before the failure is revoked, or expires).
     ///
@@ -245,14 +352,17 @@ impl WorkerBuilder {
             ttl_ms: ttl.as_millis() as u64,
             rho_permille: rho,
             stop_bound_ms: self.stop_bound.as_millis() as u64,
+            margin_ms: self.margin().as_millis() as u64,
             keep_alive_every: self.keep_alive_every(rho),
         };
         let first = decide::stop_at(0, timing.ttl_ms, rho, timing.stop_bound_ms);
+        let exit_at = decide::exit_at(0, timing.ttl_ms, rho, timing.margin_ms);
         // The sender lives in `Inner`, as long as any loop: a receiver's `changed()`
         // then never fails at once (which would turn the reconcile loop's wait
         // into a spin after the session ended).
         let (lease_tx, lease_rx) = watch::channel(LeaseState {
             stop_at: Some(first),
+            exit_at,
         });
         let shutdown = CancellationToken::new();
         let (wake, wake_rx) = mpsc::unbounded_channel();
@@ -269,19 +379,36 @@ impl WorkerBuilder {
             op_timeout,
             grace: self.stop_bound / 2,
             unfenced: self.unfenced,
+            overrun: self.overrun,
             factory: Box::new(factory),
             wake,
             view: Mutex::new(BTreeMap::new()),
             lease_state: lease_tx,
         });
-        let session = tokio::spawn(Session::run(Arc::clone(&inner), timing, shutdown.clone()));
-        let guard = (!inner.unfenced).then(|| {
-            tokio::spawn(guard::guard(
-                Arc::clone(&inner),
-                lease_rx.clone(),
-                shutdown.clone(),
-            ))
-        });
+        let session = Session::run(
+            Arc::clone(&inner),
+            keeper::lease_coordinator(self.lease_keeping, &inner.coord),
+            timing,
+            shutdown.clone(),
+        );
+        let guard = (!inner.unfenced)
+            .then(|| guard::guard(Arc::clone(&inner), lease_rx.clone(), shutdown.clone()));
+        let keeper = Keeper::start(
+            self.lease_keeping,
+            format!("taskstage-lease-{id}"),
+            keeper::both(session, async move {
+                if let Some(guard) = guard {
+                    guard.await;
+                }
+            }),
+        );
+        let keeper = match keeper {
+            Ok(keeper) => keeper,
+            Err(error) => {
+                let _ = within(op_timeout, "lease revoke", inner.coord.revoke(grant.id)).await;
+                return Err(error);
+            }
+        };
         let reconcile = tokio::spawn(reconcile::reconcile(
             Arc::clone(&inner),
             lease_rx,
@@ -291,8 +418,7 @@ impl WorkerBuilder {
         tracing::info!(worker = %id, lease = grant.id, ?ttl, "joined");
         Ok(Worker {
             inner,
-            guard,
-            session: Some(session),
+            keeper: Some(keeper),
             reconcile: Some(reconcile),
             shutdown,
         })
@@ -313,6 +439,7 @@ struct Inner {
     grace: Duration,
     /// Test-only: no self-fencing, no fencing ([`WorkerBuilder::unfenced_for_tests`]).
     unfenced: bool,
+    overrun: OverrunPolicy,
     factory: Box<Factory>,
     /// Names a task the reconcile loop must decide about again (a local stage
     /// change, a rejected fenced write, a stop done).
@@ -353,13 +480,21 @@ impl Inner {
         )
     }
 
-    /// Empties the view and returns the handles of the local runs it held: for an
-    /// end of the worker, which stops each of them.
-    fn take_handles(&self) -> Vec<Handle> {
-        std::mem::take(&mut *self.view())
-            .into_values()
-            .filter_map(|h| h.handle)
+    /// The handles of the local tasks the view holds. They stay in the view: the
+    /// guard watches what a worker that ends leaves there until each run is gone.
+    fn handles(&self) -> Vec<Handle> {
+        self.view()
+            .values()
+            .filter_map(|h| h.handle.clone())
             .collect()
+    }
+
+    /// Whether a run (or pre-start check) of a held task may be alive.
+    fn runs_may_be_alive(&self) -> bool {
+        self.view()
+            .values()
+            .filter_map(|h| h.handle.as_ref())
+            .any(|h| h.stage().run_may_be_alive())
     }
 
     fn view(&self) -> MutexGuard<'_, BTreeMap<TaskId, Held>> {
@@ -372,14 +507,16 @@ impl Inner {
 /// A member of the cluster that claims and runs tasks.
 ///
 /// Made by [`Worker::builder`] → [`WorkerBuilder::join`]. Dropping a worker is a
-/// crash without the wait: it aborts every local run at once (a run can never
-/// outlive the loop that guards its lease, whatever a caller holds of it), then its
-/// loops, and leaves the lease for the store to expire after its TTL, so other
-/// workers take the tasks over only then. Use [`Worker::shutdown`] for a clean exit
+/// crash without the wait: it aborts every local run at once, then its loops, and
+/// leaves the lease for the store to expire after its TTL, so other workers take
+/// the tasks over only then. Its guard watches the aborted runs until each is gone:
+/// one still alive at the last instant the lease allows is an overrun
+/// ([`OverrunPolicy`]), so a run never outlives the lease, whatever a caller holds
+/// of it. Use [`Worker::shutdown`] for a clean exit.
 pub struct Worker {
     inner: Arc<Inner>,
-    guard: Option<JoinHandle<()>>,
-    session: Option<JoinHandle<()>>,
+    /// The session and the guard.
+    keeper: Option<Keeper>,
     reconcile: Option<JoinHandle<Result<(), ClusterError>>>,
     shutdown: CancellationToken,
 }
@@ -413,6 +550,9 @@ impl Worker {
             resync: Duration::from_secs(5),
             op_timeout: Duration::from_secs(1),
             unfenced: false,
+            lease_keeping: LeaseKeeping::default(),
+            overrun: OverrunPolicy::default(),
+            overrun_margin: None,
         }
     }
 
@@ -464,6 +604,11 @@ impl Worker {
     /// fenced writes, and revokes the lease, so that other workers take the tasks
     /// over at once.
     ///
+    /// A run that is not gone after its stop keeps its owner key and the lease is
+    /// not revoked: the guard waits for the run until the last instant the lease
+    /// allows, and applies the [`OverrunPolicy`] if it is still alive then (by
+    /// default the process ends); the store expires the lease after its TTL.
+    ///
     /// # Errors
     ///
     /// [`ClusterError::LeaseLost`] when the lease had already been lost (the runs
@@ -484,11 +629,15 @@ impl Worker {
             }),
             None => Ok(()),
         };
-        if let Some(session) = self.session.take() {
-            let _ = session.await;
+        // The session has ended; the guard ends once every run is gone.
+        if let Some(keeper) = self.keeper.take() {
+            keeper.ended().await;
         }
-        if let Some(guard) = self.guard.take() {
-            let _ = guard.await;
+        if self.inner.runs_may_be_alive() {
+            // Only under OverrunPolicy::LogOnly: the runs outlived the lease the
+            // guard allowed them; revoking would hand their tasks over at once.
+            tracing::error!(worker = %self.inner.id, "runs still alive at shutdown; the lease is left to expire");
+            return result;
         }
         let revoked = within(
             self.inner.op_timeout,
@@ -527,46 +676,41 @@ impl Worker {
     /// Ends the worker as a crash would: its loops are aborted and its runs aborted
     /// at once; the lease is *not* revoked, so the store expires it after its TTL.
     /// For tests and drills.
+    ///
+    /// Returns once every run is gone (or, under [`OverrunPolicy::LogOnly`], the
+    /// lease ran out).
     pub async fn crash(mut self) {
-        if let Some(task) = self.guard.take() {
-            task.abort();
-            let _ = task.await;
-        }
         if let Some(task) = self.reconcile.take() {
             task.abort();
             let _ = task.await;
         }
-        if let Some(task) = self.session.take() {
-            task.abort();
-            let _ = task.await;
-        }
-        let handles = self.inner.take_handles();
-        for handle in handles {
+        // No more keep-alives; the guard now watches the runs until they are gone.
+        self.shutdown.cancel();
+        for handle in self.inner.handles() {
             // A zero grace aborts the run at once; the error only says it is gone
             // a moment later.
             let _ = handle.stop_within(Duration::ZERO).await;
+        }
+        if let Some(keeper) = self.keeper.take() {
+            keeper.ended().await;
         }
     }
 }
 
 impl Drop for Worker {
     fn drop(&mut self) {
-        // The lease guard goes with the worker, so every run stops first: aborted at
-        // once (nobody is left to wait for a graceful stop), whatever a caller holds
-        // of it. A run the reconcile loop starts while this drop runs is stopped when
-        // the aborted loop's future is dropped, within the task's stop grace (half
-        // the stop bound), still inside the lease's deadline.
+        // Every run stops first: aborted at once (nobody is left to wait for a
+        // graceful stop), whatever a caller holds of it. A run the reconcile loop
+        // starts while this drop runs is stopped when the aborted loop's future is
+        // dropped, within the task's stop grace (half the stop bound). The keeper is
+        // left to end by itself: the session stops at once, and the guard watches
+        // the runs left in the view until each is gone, or applies the overrun
+        // policy at the last instant the lease allows.
         self.shutdown.cancel();
-        for handle in self.inner.take_handles() {
+        for handle in self.inner.handles() {
             handle.stop_aborting();
         }
-        if let Some(task) = self.guard.take() {
-            task.abort();
-        }
         if let Some(task) = self.reconcile.take() {
-            task.abort();
-        }
-        if let Some(task) = self.session.take() {
             task.abort();
         }
     }

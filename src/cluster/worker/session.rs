@@ -2,16 +2,20 @@
 //!
 //! One worker is one etcd *session* in the sense of etcd's Go `concurrency`
 //! package: one lease, one keep-alive loop, and one clear place where the lease is
-//! kept, lost and reported. The loop is the only writer of the lease deadline
-//! ([`LeaseState`]); the reconcile loop and the guard read it. Its cost is one
+//! kept, lost and reported. The loop is the only writer of the lease deadlines
+//! ([`LeaseState`]); the reconcile loop and the guard read them. Its cost is one
 //! keep-alive per period, whatever the number of tasks.
+//!
+//! By default it runs on the worker's lease thread (see `keeper`), with a
+//! connection of its own to the store, so that a runtime that the units keep busy
+//! cannot delay a keep-alive.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::cluster::coord::KeepAlive;
+use crate::cluster::coord::{Coordinator, KeepAlive};
 use crate::cluster::decide;
 use crate::cluster::fence::within;
 
@@ -22,6 +26,8 @@ pub(super) struct Timing {
     pub(super) ttl_ms: u64,
     pub(super) rho_permille: u64,
     pub(super) stop_bound_ms: u64,
+    /// How long before the lease may expire a run must be confirmed gone.
+    pub(super) margin_ms: u64,
     pub(super) keep_alive_every: Duration,
 }
 
@@ -31,13 +37,25 @@ pub(super) struct LeaseState {
     /// When to begin stopping runs (ms since the worker's epoch); `None` once the
     /// store answered that the lease is gone.
     pub(super) stop_at: Option<u64>,
+    /// The last instant a run may still be alive (ms since the worker's epoch; see
+    /// [`decide::exit_at`]). Only an answered keep-alive moves it, and nothing
+    /// clears it: a lease the store says is gone was trusted until then all the
+    /// same, and no later.
+    pub(super) exit_at: u64,
 }
 
 /// The lease half: one keep-alive loop, the only writer of the lease deadline.
 pub(super) struct Session;
 
 impl Session {
-    pub(super) async fn run(inner: Arc<Inner>, timing: Timing, shutdown: CancellationToken) {
+    /// Keeps the lease through `coord` (the store, on a connection that the lease
+    /// thread uses alone) until `shutdown`, or until the store says it is gone.
+    pub(super) async fn run(
+        inner: Arc<Inner>,
+        coord: Arc<dyn Coordinator>,
+        timing: Timing,
+        shutdown: CancellationToken,
+    ) {
         let lease_tx = &inner.lease_state;
         let mut ticker = tokio::time::interval(timing.keep_alive_every);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -51,14 +69,17 @@ impl Session {
             // sent + TTL·(1−ρ) − stop bound (decide::stop_at).
             let sent = inner.now_ms();
             let timeout = inner.op_timeout.min(timing.keep_alive_every);
-            match within(timeout, "keep-alive", inner.coord.keep_alive(inner.lease)).await {
+            match within(timeout, "keep-alive", coord.keep_alive(inner.lease)).await {
                 Ok(KeepAlive::Alive { ttl }) => {
                     let ttl_ms = (ttl.as_millis() as u64).min(timing.ttl_ms);
                     let next =
                         decide::stop_at(sent, ttl_ms, timing.rho_permille, timing.stop_bound_ms);
+                    let exit_at =
+                        decide::exit_at(sent, ttl_ms, timing.rho_permille, timing.margin_ms);
                     lease_tx.send_if_modified(|state| match state.stop_at {
                         Some(current) if next > current => {
                             state.stop_at = Some(next);
+                            state.exit_at = state.exit_at.max(exit_at);
                             true
                         }
                         _ => false,
@@ -67,7 +88,7 @@ impl Session {
                 Ok(KeepAlive::Expired) => {
                     tracing::warn!(worker = %inner.id, "lease expired");
                     // The reconcile loop and the guard wake on this change.
-                    lease_tx.send_replace(LeaseState { stop_at: None });
+                    lease_tx.send_modify(|state| state.stop_at = None);
                     return;
                 }
                 Err(error) => {
