@@ -1612,6 +1612,18 @@ m115() {
 EOF
 }
 
+m116() {
+  WHERE="cluster/worker/reconcile.rs: Reconciler::step, Build"
+  MUTANT="a built task is not decided about again: it waits in New for an unrelated wake-up (a keep-alive, a resync) before it runs"
+  SUITE="--all-features --test cluster_promises a_built_task_is_decided_at_once"
+  edit src/cluster/worker/reconcile.rs <<'EOF'
+                        self.queue.add(task.clone());
+                    }
+@@@@
+                    }
+EOF
+}
+
 ALL=$(declare -F | awk '$3 ~ /^m[0-9]+$/ { print substr($3, 2) }' | sort -n | tr '\n' ' ')
 SELECTED=${MUTANTS:-$ALL}
 for n in $SELECTED; do

@@ -83,11 +83,13 @@ async fn the_lease_deadline_leaves_the_drift_and_the_stop_bound() {
 }
 
 /// A coordinator that forwards to the in-memory store and answers every
-/// keep-alive `delay` late (the store renews the lease when it gets it, at once).
+/// keep-alive `delay` late, and every transaction `txn_delay` late (the store
+/// applies each at once: a watch may show a write before its answer comes).
 #[derive(Clone)]
 struct SlowAnswers {
     store: MemoryCoordinator,
     delay: Duration,
+    txn_delay: Duration,
 }
 
 impl Coordinator for SlowAnswers {
@@ -112,7 +114,11 @@ impl Coordinator for SlowAnswers {
     }
 
     fn txn(&self, txn: Txn) -> BoxFuture<'_, Result<TxnResult, ClusterError>> {
-        self.store.txn(txn)
+        Box::pin(async move {
+            let answer = self.store.txn(txn).await;
+            tokio::time::sleep(self.txn_delay).await;
+            answer
+        })
     }
 
     fn watch(&self, prefix: String, from: i64) -> BoxFuture<'_, Result<WatchStream, ClusterError>> {
@@ -138,6 +144,7 @@ async fn the_lease_deadline_counts_from_the_keep_alive_sent_not_answered() {
     let slow = SlowAnswers {
         store: store.clone(),
         delay: Duration::from_millis(500),
+        txn_delay: Duration::ZERO,
     };
     let joined = Instant::now();
     let worker = Worker::builder(slow, "sent", "w1")
@@ -1050,4 +1057,44 @@ async fn a_key_the_store_refuses_to_confirm_is_never_adopted() {
     door.catch_up();
     w0.shutdown().await.expect("shutdown w0");
     w1.shutdown().await.expect("shutdown w1");
+}
+
+/// A claimed task is decided about again as soon as it is built: with a TTL of 20 s
+/// and a resync of a minute (so that neither a keep-alive's wake-up nor a resync
+/// comes soon), a task created Running runs within 50 ms of its creation. Every
+/// answer to a write comes 10 ms late, so the watch shows the claim while it is
+/// still in flight (as etcd's often does): the claim's answer is then the last
+/// thing that names the task before it is built.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_built_task_is_decided_at_once_not_at_the_next_wake_up() {
+    let store = MemoryCoordinator::new();
+    let slow = SlowAnswers {
+        store: store.clone(),
+        delay: Duration::ZERO,
+        txn_delay: Duration::from_millis(10),
+    };
+    let worker = Worker::builder(slow, "built", "w1")
+        // tokio's paused clock: only this runtime sees it.
+        .lease_keeping(LeaseKeeping::SharedRuntime)
+        .ttl(Duration::from_secs(20))
+        .resync(Duration::from_secs(60))
+        .join(|spec| Ok(Task::builder(spec.task.as_str()).unit(Wait)))
+        .await
+        .expect("join on the in-memory store");
+    let controller = Controller::new(store.clone(), "built").expect("a controller");
+    let created = Instant::now();
+    controller
+        .create("t", Vec::new(), DesiredStage::Running)
+        .await
+        .expect("create");
+    controller
+        .resume_within("t", Duration::from_secs(30))
+        .await
+        .expect("the task runs");
+    let took = created.elapsed();
+    assert!(
+        took <= Duration::from_millis(50),
+        "create → Running took {took:?}: the built task waited for an unrelated wake-up"
+    );
+    worker.shutdown().await.expect("shutdown");
 }

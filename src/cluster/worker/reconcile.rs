@@ -540,6 +540,10 @@ impl Reconciler {
                                 task: Some(running),
                             },
                         );
+                        // Built in New: nothing of the task changes by itself now,
+                        // so it is decided about again at once (to resume it, or
+                        // publish New), not at the next unrelated wake-up.
+                        self.queue.add(task.clone());
                     }
                     Err(error) => {
                         tracing::warn!(worker = %inner.id, %task, %error, "cannot build; releasing");
