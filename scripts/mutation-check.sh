@@ -1509,34 +1509,12 @@ m108() {
   MUTANT="the lease is kept on the joining runtime whatever was asked: units that block that runtime delay every keep-alive and the lease is lost"
   SUITE="--all-features --test cluster_overrun units_blocking_every_runtime_thread_cost_no_lease"
   edit src/cluster/worker/keeper.rs <<'EOF'
+        match keeping {
             LeaseKeeping::SharedRuntime => Ok(Keeper::Shared(tokio::spawn(loops))),
 @@@@
-            LeaseKeeping::SharedRuntime | LeaseKeeping::OwnThread if loops_here() => {
-                Ok(Keeper::Shared(tokio::spawn(loops)))
-            }
-EOF
-  edit src/cluster/worker/keeper.rs <<'EOF'
-/// Runs `a` and `b` to completion, side by side.
-@@@@
-fn loops_here() -> bool {
-    true
-}
-
-/// Runs `a` and `b` to completion, side by side.
-EOF
-}
-
-m109() {
-  WHERE="cluster/etcd.rs: EtcdCoordinator::fresh_connection"
-  MUTANT="the lease thread keeps the lease through the application's etcd connection, whose I/O runs on the application's runtime: a blocked runtime delays the keep-alives"
-  SUITE="--all-features --test cluster_overrun on_etcd_units_blocking"
-  edit src/cluster/etcd.rs <<'EOF'
-    fn fresh_connection(&self) -> Option<Arc<dyn Coordinator>> {
-        Some(Arc::new(EtcdCoordinator {
-@@@@
-    fn fresh_connection(&self) -> Option<Arc<dyn Coordinator>> {
-        None::<Arc<dyn Coordinator>>?;
-        Some(Arc::new(EtcdCoordinator {
+        let _ = keeping;
+        match LeaseKeeping::SharedRuntime {
+            LeaseKeeping::SharedRuntime => Ok(Keeper::Shared(tokio::spawn(loops))),
 EOF
 }
 

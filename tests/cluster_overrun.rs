@@ -154,8 +154,9 @@ fn with_the_lease_on_the_shared_runtime_the_same_block_costs_the_lease() {
 
 /// Whether the worker's membership key, attached to its lease, stayed on a real
 /// etcd while the worker's only runtime thread was blocked for three TTLs (read
-/// from another runtime, on a connection of the test's own).
-fn etcd_lease_kept_while_blocked(cluster: &EtcdCluster, keeping: LeaseKeeping) -> bool {
+/// from another runtime, on a connection of the test's own), and whether its stop
+/// deadline stayed ahead all that time (no keep-alive missed its own deadline).
+fn etcd_lease_kept_while_blocked(cluster: &EtcdCluster, keeping: LeaseKeeping) -> (bool, bool) {
     let prefix = match keeping {
         LeaseKeeping::SharedRuntime => "shared",
         _ => "own",
@@ -177,7 +178,7 @@ fn etcd_lease_kept_while_blocked(cluster: &EtcdCluster, keeping: LeaseKeeping) -
             .await
             .expect("connect the reader");
         let end = tokio::time::Instant::now() + TTL * 3 - Duration::from_millis(200);
-        let mut kept = true;
+        let (mut kept, mut ahead) = (true, true);
         // Bounded by `end`: three TTLs.
         while tokio::time::Instant::now() < end {
             let listing = reader
@@ -185,9 +186,12 @@ fn etcd_lease_kept_while_blocked(cluster: &EtcdCluster, keeping: LeaseKeeping) -
                 .await
                 .expect("read the membership keys");
             kept &= listing.kvs.iter().any(|kv| kv.lease == worker.lease());
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            ahead &= worker
+                .stop_deadline()
+                .is_some_and(|at| at.into_std() > Instant::now());
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        kept
+        (kept, ahead)
     });
     drop(worker);
     runtime.shutdown_timeout(Duration::from_secs(5));
@@ -199,13 +203,19 @@ fn on_etcd_units_blocking_every_runtime_thread_cost_no_lease_and_shared_they_do(
     let Some(cluster) = EtcdCluster::start_or_skip(1) else {
         return;
     };
+    let (kept, ahead) = etcd_lease_kept_while_blocked(&cluster, LeaseKeeping::OwnThread);
     assert!(
-        etcd_lease_kept_while_blocked(&cluster, LeaseKeeping::OwnThread),
-        "the lease was lost on etcd while the units blocked the application's runtime \
-         (a keep-alive waited for that runtime: its connection's I/O runs there?)"
+        kept,
+        "the lease was lost on etcd while the units blocked the application's runtime"
     );
     assert!(
-        !etcd_lease_kept_while_blocked(&cluster, LeaseKeeping::SharedRuntime),
+        ahead,
+        "the stop deadline was reached on etcd while the units blocked the application's \
+         runtime: a keep-alive waited for that runtime (its connection's I/O runs there?)"
+    );
+    let (kept, _) = etcd_lease_kept_while_blocked(&cluster, LeaseKeeping::SharedRuntime);
+    assert!(
+        !kept,
         "the check passed a lease kept on the blocked runtime: it is vacuous"
     );
 }
