@@ -1478,10 +1478,10 @@ m106() {
   MUTANT="a task whose release was sent is resumed when its hand-over is given up: the release, its answer lost, lands late and another worker runs the task beside it"
   SUITE="--all-features --test cluster_promises a_hand_over_whose_release_was_sent"
   edit src/cluster/worker/reconcile.rs <<'EOF'
-                    r.releasing
-                        || (r.rest_sent.is_some()
+                        s.releasing
+                            || (s.rest.is_some()
 @@@@
-                    (r.rest_sent.is_some()
+                        (s.rest.is_some()
 EOF
 }
 
@@ -1599,6 +1599,20 @@ m116() {
                     }
 @@@@
                     }
+EOF
+}
+
+m117() {
+  WHERE="cluster/worker/reconcile.rs: Reconciler::forget"
+  MUTANT="what was sent about a task is forgotten with its local run: rebuilt under the same token after a fence, it runs under its own Paused report for a hand-over"
+  SUITE="--all-features --test cluster_promises a_rest_report_sent_for_a_hand_over"
+  edit src/cluster/worker/reconcile.rs <<'EOF'
+        self.slots.remove(task);
+        self.inner.view().remove(task);
+@@@@
+        self.slots.remove(task);
+        self.sent.remove(task);
+        self.inner.view().remove(task);
 EOF
 }
 

@@ -1098,3 +1098,147 @@ async fn a_built_task_is_decided_at_once_not_at_the_next_wake_up() {
     );
     worker.shutdown().await.expect("shutdown");
 }
+
+/// A coordinator that forwards to the in-memory store until a rest report (a
+/// Paused observed status) of its worker lands; from then on, until the test says,
+/// every call but a watch fails as unreachable (the watches it opened go on).
+#[derive(Clone)]
+struct CutAfterRest {
+    store: MemoryCoordinator,
+    cut: Arc<std::sync::atomic::AtomicBool>,
+    armed: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl CutAfterRest {
+    fn check(&self, op: &'static str) -> Result<(), ClusterError> {
+        if self.cut.load(Ordering::SeqCst) {
+            return Err(ClusterError::Unreachable {
+                op,
+                detail: "cut off by the test".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Coordinator for CutAfterRest {
+    fn grant(&self, ttl: Duration) -> BoxFuture<'_, Result<Grant, ClusterError>> {
+        self.store.grant(ttl)
+    }
+
+    fn keep_alive(&self, lease: i64) -> BoxFuture<'_, Result<KeepAlive, ClusterError>> {
+        Box::pin(async move {
+            self.check("keep-alive")?;
+            self.store.keep_alive(lease).await
+        })
+    }
+
+    fn revoke(&self, lease: i64) -> BoxFuture<'_, Result<(), ClusterError>> {
+        Box::pin(async move {
+            self.check("revoke")?;
+            self.store.revoke(lease).await
+        })
+    }
+
+    fn list(&self, prefix: String) -> BoxFuture<'_, Result<Listing, ClusterError>> {
+        Box::pin(async move {
+            self.check("list")?;
+            self.store.list(prefix).await
+        })
+    }
+
+    fn txn(&self, txn: Txn) -> BoxFuture<'_, Result<TxnResult, ClusterError>> {
+        Box::pin(async move {
+            self.check("txn")?;
+            let rest = txn.then.iter().any(|op| {
+                matches!(op, Op::Put { key, value, .. }
+                    if key.ends_with("/observed")
+                        && value.starts_with(b"stage=Paused\n"))
+            });
+            let answer = self.store.txn(txn).await;
+            if rest
+                && answer.as_ref().is_ok_and(|r| r.succeeded)
+                && self.armed.load(Ordering::SeqCst)
+            {
+                self.cut.store(true, Ordering::SeqCst);
+            }
+            answer
+        })
+    }
+
+    fn watch(&self, prefix: String, from: i64) -> BoxFuture<'_, Result<WatchStream, ClusterError>> {
+        self.store.watch(prefix, from)
+    }
+
+    fn wait_change(
+        &self,
+        prefix: String,
+        after: i64,
+        timeout: Duration,
+    ) -> BoxFuture<'_, Result<(), ClusterError>> {
+        self.store.wait_change(prefix, after, timeout)
+    }
+}
+
+/// What a worker sent about a task under its token outlives a rebuild under the
+/// same token. w2 hands t over to w1: it pauses t and its Paused report lands;
+/// then w2 loses the store (its keep-alives and writes fail) until just past its
+/// lease deadline, so its guard stops t and the loop drops it, but the lease is
+/// still alive in the store when w2 gets the store back. The key is still w2's,
+/// so w2 builds t again under the same token: it must carry the hand-over through
+/// (its Paused report stands for the current desired revision), never run t again
+/// under that report (decide, invariant 6).
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_rest_report_sent_for_a_hand_over_outlives_a_rebuild_under_the_same_token() {
+    let store = MemoryCoordinator::new();
+    let probes = Probes::default();
+    let controller = Controller::new(store.clone(), "rebuilt").expect("a controller");
+    controller
+        .create("t", Vec::new(), DesiredStage::Running)
+        .await
+        .expect("create");
+    let door = CutAfterRest {
+        store: store.clone(),
+        cut: Arc::default(),
+        armed: Arc::default(),
+    };
+    let w2 = join_probed(door.clone(), "rebuilt", "w2", &probes, false).await;
+    controller
+        .resume_within("t", Duration::from_secs(10))
+        .await
+        .expect("running on w2");
+    let task = taskstage::cluster::TaskId::new("t").expect("an id");
+    let token = w2.token(&task).expect("w2 holds t").revision;
+    door.armed.store(true, Ordering::SeqCst);
+    let w1 = join_probed(store.clone(), "rebuilt", "w1", &probes, false).await;
+    eventually(
+        Duration::from_secs(5),
+        "w2's Paused report for the hand-over",
+        || door.cut.load(Ordering::SeqCst).then_some(()),
+    )
+    .await;
+    let deadline = w2.stop_deadline().expect("w2's lease deadline");
+    // Past the deadline (the guard stops t, the loop drops it), well before the
+    // store may expire the lease (a stop bound and ρ·TTL later).
+    tokio::time::sleep_until(deadline + Duration::from_millis(200)).await;
+    eventually(
+        Duration::from_secs(1),
+        "w2 dropping t at its deadline",
+        || w2.observer(&task).is_none().then_some(()),
+    )
+    .await;
+    door.cut.store(false, Ordering::SeqCst);
+    eventually(Duration::from_secs(10), "w1 running t", || {
+        (probes.started("w1", None) > 0).then_some(())
+    })
+    .await;
+    assert_eq!(
+        probes.started("w2", Some(token)),
+        1,
+        "w2 ran t again under the key {token} whose Paused report it had sent: {:?}",
+        probes.starts()
+    );
+    assert!(probes.most() <= 1, "two runs of t alive at once");
+    w1.shutdown().await.expect("shutdown w1");
+    w2.shutdown().await.expect("shutdown w2");
+}

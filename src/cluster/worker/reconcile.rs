@@ -49,12 +49,6 @@ struct Running {
     acted: Option<i64>,
     /// Paused for a hand-over since the last resume.
     yielded: bool,
-    /// A release of the key was sent: whatever its answer, the task never runs
-    /// again under this token (a release whose answer was lost may still land).
-    releasing: bool,
-    /// The desired revision of the last rest report (New, Paused) sent, answered
-    /// or not: a report whose answer was lost may still land.
-    rest_sent: Option<i64>,
     stopping: Option<JoinHandle<()>>,
     forwarder: JoinHandle<()>,
 }
@@ -63,6 +57,24 @@ impl Drop for Running {
     fn drop(&mut self) {
         self.forwarder.abort();
     }
+}
+
+/// What was sent to the store about a held task under one token, answered or
+/// not: a report or a release whose answer was lost may still land, and one that
+/// landed still stands. Kept per task, not per local run, so that it outlives a
+/// rebuild under the same token (a fence stops and drops the local task when the
+/// store is out of reach; once the lease is back the key is still this worker's
+/// and the task is built again): the rebuilt task must not run under a rest report
+/// of its own (decide, invariant 6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Sent {
+    /// The token (owner key's create revision) it was sent under.
+    token: i64,
+    /// The desired revision of the last rest report (New, Paused) sent.
+    rest: Option<i64>,
+    /// A release of the key was sent: whatever its answer, the task never runs
+    /// again under this token.
+    releasing: bool,
 }
 
 /// A store action that finished.
@@ -100,6 +112,9 @@ struct Reconciler {
     claiming: usize,
     /// Tasks being handed over (fair shares).
     handing_over: BTreeSet<TaskId>,
+    /// What was sent about each held task under its token; forgotten once the
+    /// cache shows the task under another token or none.
+    sent: HashMap<TaskId, Sent>,
     /// Tasks that want an owner: a desired stage, and owned or not settled.
     wanting: HashSet<TaskId>,
     /// This worker's member key.
@@ -154,6 +169,7 @@ pub(super) async fn reconcile(
         unbuildable: HashMap::new(),
         claiming: 0,
         handing_over: BTreeSet::new(),
+        sent: HashMap::new(),
         wanting: HashSet::new(),
         share: 0,
         rebalance_due: false,
@@ -421,6 +437,15 @@ impl Reconciler {
                 desired_revision: o.desired_revision,
             })
         });
+        if self
+            .sent
+            .get(task)
+            .is_some_and(|s| Some(s.token) != token_rev)
+        {
+            // The key is gone, or another's: what was sent under it is settled.
+            self.sent.remove(task);
+        }
+        let sent = self.sent.get(task).copied();
         let running_ref = self.slots.get(task).and_then(|s| s.task.as_ref());
         let view = TaskView {
             desired,
@@ -438,13 +463,14 @@ impl Reconciler {
             // rest report for this revision was (decide, invariant 6): either may
             // land late, after a resume.
             hand_over: self.handing_over.contains(task)
-                || running_ref.is_some_and(|r| {
-                    r.releasing
-                        || (r.rest_sent.is_some()
-                            && desired.is_some_and(|(stage, rev)| {
-                                stage == DesiredStage::Running && r.rest_sent == Some(rev)
-                            }))
-                }),
+                || (running_ref.is_some()
+                    && sent.is_some_and(|s| {
+                        s.releasing
+                            || (s.rest.is_some()
+                                && desired.is_some_and(|(stage, rev)| {
+                                    stage == DesiredStage::Running && s.rest == Some(rev)
+                                }))
+                    })),
             yielded: running_ref.is_some_and(|r| r.yielded),
         };
         let starved = view.local.is_none()
@@ -623,9 +649,7 @@ impl Reconciler {
                     owner_revision: slot.token.revision,
                 };
                 if report.stage.is_at_rest() {
-                    if let Some(running) = self.running(task) {
-                        running.rest_sent = Some(report.desired_revision);
-                    }
+                    self.sent_about(task, |sent| sent.rest = Some(report.desired_revision));
                 }
                 let Some(running) = self.slots.get(task).and_then(|s| s.task.as_ref()) else {
                     return;
@@ -644,10 +668,13 @@ impl Reconciler {
                 });
             }
             Action::Release => {
+                if self.running(task).is_none() {
+                    return;
+                }
+                self.sent_about(task, |sent| sent.releasing = true);
                 let Some(running) = self.running(task) else {
                     return;
                 };
-                running.releasing = true;
                 let key = inner.keys.owner(task);
                 let ops = vec![Op::Delete { key: key.clone() }];
                 let fencer = running.fencer.clone();
@@ -657,6 +684,26 @@ impl Reconciler {
                 });
             }
         }
+    }
+
+    /// Records something sent about `task` under the token of its slot.
+    fn sent_about(&mut self, task: &TaskId, record: impl FnOnce(&mut Sent)) {
+        let Some(token) = self.slots.get(task).map(|s| s.token.revision) else {
+            return;
+        };
+        let sent = self.sent.entry(task.clone()).or_insert(Sent {
+            token,
+            rest: None,
+            releasing: false,
+        });
+        if sent.token != token {
+            *sent = Sent {
+                token,
+                rest: None,
+                releasing: false,
+            };
+        }
+        record(sent);
     }
 
     fn running(&mut self, task: &TaskId) -> Option<&mut Running> {
@@ -979,8 +1026,6 @@ fn build(
         fencer,
         acted: None,
         yielded: false,
-        releasing: false,
-        rest_sent: None,
         stopping: None,
         forwarder,
     })
