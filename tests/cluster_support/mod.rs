@@ -16,6 +16,7 @@
 
 pub(crate) mod firewall;
 pub(crate) mod history;
+pub(crate) mod overload;
 pub(crate) mod process;
 
 use std::collections::{BTreeMap, HashMap};
