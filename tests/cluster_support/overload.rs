@@ -327,6 +327,84 @@ mod tests {
         }
     }
 
+    /// A child of this test, killed by pid when the guard drops.
+    fn child(script: &str) -> ChildGuard {
+        let child = std::process::Command::new("sh")
+            .args(["-c", script])
+            .stdin(std::process::Stdio::null())
+            .spawn()
+            .expect("start sh");
+        ChildGuard::new(child)
+    }
+
+    /// The state letter of process `pid` (`T`: stopped), from `/proc/PID/stat`.
+    fn state(pid: u32) -> Option<char> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        stat[stat.rfind(')')? + 1..].trim_start().chars().next()
+    }
+
+    #[test]
+    fn an_overrun_exit_is_recorded_when_it_happens_and_read_as_an_overrun() {
+        let dir = std::env::temp_dir().join(format!(
+            "taskstage-overload-{}-{}",
+            std::process::id(),
+            super::super::history::now_ns()
+        ));
+        let recorder = Recorder::create(&dir, "test").expect("a history");
+        let mut worker = child(&format!("sleep 0.2; exit {OVERRUN_EXIT_CODE}"));
+        let (tx, rx) = std::sync::mpsc::channel();
+        watch_exit(worker.pid(), recorder, move |pid| {
+            let _ = tx.send(pid);
+        });
+        let seen = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the exit seen within 10 s");
+        assert_eq!(seen, worker.pid());
+        let text = std::fs::read_to_string(dir.join("test.history")).expect("the history");
+        assert!(
+            text.ends_with(&format!(" {seen}\n")) && text.starts_with("exited "),
+            "{text:?}"
+        );
+        let status = worker.try_wait().expect("not reaped by the watcher");
+        assert!(is_overrun(status), "{status}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_duty_cycle_always_ends_with_its_process_thawed() {
+        let sleeper = child("sleep 30");
+        let pid = sleeper.pid();
+        let ms = Duration::from_millis;
+        // Ended early, by the guard's drop, in the middle of a stop.
+        let freeze = DutyCycle::start(pid, ms(200), ms(10), Duration::from_secs(10))
+            .expect("start a duty cycle");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        // Bounded by the deadline, polling every 5 ms.
+        while state(pid) != Some('T') {
+            assert!(Instant::now() < deadline, "never stopped: {:?}", state(pid));
+            std::thread::sleep(ms(5));
+        }
+        drop(freeze);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        // Bounded by the deadline, polling every 5 ms (SIGCONT is delivered at once,
+        // /proc may show it a moment later).
+        while state(pid) == Some('T') {
+            assert!(Instant::now() < deadline, "left stopped after the drop");
+            std::thread::sleep(ms(5));
+        }
+        // Run to its end: a few cycles, then thawed.
+        let freeze = DutyCycle::start(pid, ms(20), ms(10), ms(100)).expect("start again");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        // Bounded by the deadline, polling every 5 ms.
+        while !freeze.is_done() {
+            assert!(Instant::now() < deadline, "a 100 ms cycle still running");
+            std::thread::sleep(ms(5));
+        }
+        let cycles = freeze.finish();
+        assert!((1..=4).contains(&cycles), "{cycles} cycles in 100 ms");
+        assert_ne!(state(pid), Some('T'), "left stopped at the end");
+    }
+
     #[test]
     fn each_window_has_as_many_tickets_as_threads() {
         let blocker = Blocker::new(
