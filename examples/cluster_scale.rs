@@ -43,12 +43,40 @@
 //! line is printed all the same, with what was measured), 2 for bad arguments. A slow
 //! figure is not a failure: the run measures, it does not judge speed. Ctrl-C stops
 //! every process it started (etcd members and workers) by pid.
+//!
+//! ## `--overload`: the run under load
+//!
+//! With `--overload`, the same phases run under three more faults, and the history
+//! checker holds every rule over all of it:
+//!
+//! - **CPU-bound processes on every core**, at the run's own priority, for the whole
+//!   writes phase (phase 4): two per core (`2 * available_parallelism`), or
+//!   `--hogs N`. Each is a child of this program, killed by pid when the phase ends
+//!   or fails, and ends by itself after 600 s or once this program is gone. The
+//!   phase's pauses under writes start no new pause after 60 s (the figure is over
+//!   those made, and the run says how many).
+//! - **Units that block their runtime's threads** on the first worker (`w1`): every
+//!   2 s, two of its units (as many as its runtime has threads) each spin for 150 ms
+//!   inside their run without yielding, so that the runtime's threads are all held
+//!   at once, for the whole run.
+//! - **A duty-cycle freeze** of the last of the first workers (`w3` of three): SIGSTOP
+//!   for 90 ms, SIGCONT for 10 ms, for two TTLs from the start of the writes window,
+//!   then SIGCONT for good (also when the run fails or is interrupted).
+//!
+//! A worker process that ends itself with the status of an overrun (75: a run not
+//! confirmed gone by its lease's last safe instant) is restarted under the same id,
+//! as a supervisor would; any other exit of a worker fails the run. The line printed
+//! last then ends with `hogs=… lease_losses=… overrun_exits=… restarts=…`: the CPU
+//! hogs, the times a worker joined again after losing its lease, the workers that
+//! ended themselves on an overrun, and the restarts. Without `--overload`, nothing of
+//! this happens and the line is as above.
 
+use std::cell::Cell;
 use std::io::{BufRead, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{ChildStdin, Command, ExitCode, Stdio};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use taskstage::cluster::{
@@ -56,13 +84,14 @@ use taskstage::cluster::{
     TaskStatus, Worker,
 };
 use taskstage::{RunContext, RunError, RunExit, Stage, Task, Unit};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 #[path = "../tests/cluster_support/mod.rs"]
 mod harness;
 
 use harness::history::{now_ns, Fault, History, Recorder, WriteOutcome};
+use harness::overload::{self, Block, Blocker, DutyCycle, Hogs};
 use harness::{ChildGuard, EtcdCluster};
 
 /// The hidden first argument of a worker process.
@@ -91,6 +120,23 @@ const THAW_ALLOWANCE: Duration = Duration::from_millis(1_500);
 const PROGRESS: Duration = Duration::from_secs(10);
 /// How often the controller reads the task list while it waits for a state.
 const POLL: Duration = Duration::from_millis(250);
+/// How long a CPU hog of `--overload` runs at most, if nothing kills it first.
+const HOG_BOUND: Duration = Duration::from_secs(600);
+/// How the units of `--overload`'s blocking worker block its runtime's threads.
+const BLOCK: Block = Block {
+    every: Duration::from_secs(2),
+    span: Duration::from_millis(150),
+};
+/// A worker process's runtime threads (and so the units that block at once).
+const RUNTIME_THREADS: usize = 2;
+/// The duty cycle of `--overload`'s frozen worker: stopped, then running.
+const DUTY_STOPPED: Duration = Duration::from_millis(90);
+const DUTY_RUNNING: Duration = Duration::from_millis(10);
+/// With `--overload`, no pause under writes starts after this long: the CPU hogs
+/// run until the pauses are done, and the run must fit in CI's time.
+const OVERLOAD_PAUSES_BUDGET: Duration = Duration::from_secs(60);
+/// How many worker processes `--overload` restarts at most, in all.
+const MAX_RESTARTS: usize = 50;
 
 // ------------------------------------------------------------------ arguments
 
@@ -102,6 +148,10 @@ struct Options {
     ttl: Duration,
     capacity: Option<usize>,
     pauses: usize,
+    /// The overload faults (module docs).
+    overload: bool,
+    /// The CPU hogs of `--overload`, if not two per core.
+    hogs: Option<usize>,
 }
 
 impl Default for Options {
@@ -112,6 +162,20 @@ impl Default for Options {
             ttl: Duration::from_secs(5),
             capacity: None,
             pauses: 50,
+            overload: false,
+            hogs: None,
+        }
+    }
+}
+
+impl Options {
+    /// How many CPU hogs the writes phase runs beside the cluster (0 without
+    /// `--overload`).
+    fn hog_count(&self) -> usize {
+        match (self.overload, self.hogs) {
+            (false, _) => 0,
+            (true, Some(n)) => n,
+            (true, None) => overload::hogs_per_core(),
         }
     }
 }
@@ -133,8 +197,11 @@ enum ArgError {
         why: &'static str,
     },
     /// An option this program does not know.
-    #[error("unknown argument {0:?} (known: --tasks N, --workers N, --ttl-secs S, --capacity N, --pauses N)")]
+    #[error("unknown argument {0:?} (known: --tasks N, --workers N, --ttl-secs S, --capacity N, --pauses N, --overload, --hogs N)")]
     Unknown(String),
+    /// An option that only means something with `--overload`.
+    #[error("{0} is an option of --overload")]
+    NeedsOverload(String),
 }
 
 fn parse(args: &[String]) -> Result<Options, ArgError> {
@@ -161,8 +228,13 @@ fn parse(args: &[String]) -> Result<Options, ArgError> {
                 options.capacity = Some(value("1 to 1000000 tasks", 1, 1_000_000)? as usize)
             }
             "--pauses" => options.pauses = value("1 to 10000 pauses", 1, 10_000)? as usize,
+            "--overload" => options.overload = true,
+            "--hogs" => options.hogs = Some(value("1 to 256 processes", 1, 256)? as usize),
             other => return Err(ArgError::Unknown(other.to_owned())),
         }
+    }
+    if options.hogs.is_some() && !options.overload {
+        return Err(ArgError::NeedsOverload("--hogs".into()));
     }
     Ok(options)
 }
@@ -187,6 +259,21 @@ struct Figures {
     moved: Option<usize>,
     max_live_runs: Option<usize>,
     balance: Option<f64>,
+    /// With `--overload` only.
+    overload: Option<Overload>,
+}
+
+/// What `--overload` counts, printed at the end of the line.
+#[derive(Debug, Default, Clone, PartialEq)]
+struct Overload {
+    /// The CPU hogs beside the writes phase.
+    hogs: usize,
+    /// Times a worker process joined again after losing its lease.
+    lease_losses: usize,
+    /// Worker processes that ended themselves on an overrun.
+    overrun_exits: usize,
+    /// Worker processes restarted after an overrun.
+    restarts: usize,
 }
 
 fn or_dash<T>(value: Option<T>, show: impl FnOnce(T) -> String) -> String {
@@ -235,7 +322,15 @@ impl std::fmt::Display for Figures {
             or_dash(self.moved, |m| m.to_string()),
             or_dash(self.max_live_runs, |m| m.to_string()),
             or_dash(self.balance, ratio),
-        )
+        )?;
+        if let Some(o) = &self.overload {
+            write!(
+                f,
+                " hogs={} lease_losses={} overrun_exits={} restarts={}",
+                o.hogs, o.lease_losses, o.overrun_exits, o.restarts
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -330,6 +425,19 @@ enum ScaleError {
         /// What was left.
         detail: String,
     },
+    /// A worker process ended otherwise than on an overrun (with `--overload`).
+    #[error("worker {id} (pid {pid}) exited unexpectedly: {status}")]
+    WorkerExited {
+        /// The worker.
+        id: String,
+        /// Its process.
+        pid: u32,
+        /// How it ended.
+        status: std::process::ExitStatus,
+    },
+    /// More overruns than [`MAX_RESTARTS`].
+    #[error("{0} worker processes restarted after an overrun: giving up")]
+    TooManyRestarts(usize),
     /// Ctrl-C.
     #[error("interrupted")]
     Interrupted,
@@ -348,7 +456,9 @@ fn cluster(what: impl Into<String>) -> impl FnOnce(ClusterError) -> ScaleError {
 // ------------------------------------------------------------------ the worker
 
 /// A task's unit: records its run; a writer writes one fenced checkpoint a second
-/// while the writes are on; an idle unit waits for its cancellation.
+/// while the writes are on; an idle unit waits for its cancellation. With a
+/// blocker (`--overload`'s blocking worker), it also blocks its runtime thread in
+/// the blocker's windows.
 struct Load {
     task: String,
     worker: String,
@@ -356,6 +466,7 @@ struct Load {
     fencer: Fencer,
     recorder: Arc<Recorder>,
     writes: watch::Receiver<bool>,
+    blocker: Option<Arc<Blocker>>,
 }
 
 impl Unit for Load {
@@ -368,6 +479,21 @@ impl Unit for Load {
         let _alive = self
             .recorder
             .alive(&self.task, &self.worker, ctx.generation(), token);
+        let Some(blocker) = self.blocker.clone() else {
+            return self.load(&ctx, token).await;
+        };
+        let load = self.load(&ctx, token);
+        tokio::pin!(load);
+        tokio::select! {
+            exit = &mut load => exit,
+            () = blocker.pulse() => load.await,
+        }
+    }
+}
+
+impl Load {
+    /// The run's work, until the run is cancelled.
+    async fn load(&mut self, ctx: &RunContext, token: i64) -> Result<RunExit, RunError> {
         if !self.writer {
             ctx.cancelled().await;
             return Ok(RunExit::Cancelled);
@@ -422,21 +548,33 @@ struct WorkerArgs {
     history: PathBuf,
     ttl: Duration,
     capacity: usize,
+    /// `--overload`'s blocking units (a seventh argument, `block={every},{span}`).
+    block: Option<Block>,
 }
 
 impl WorkerArgs {
     fn to_vec(&self) -> Vec<String> {
-        vec![
+        let mut args = vec![
             self.id.clone(),
             self.endpoints.join(","),
             self.prefix.clone(),
             self.history.display().to_string(),
             self.ttl.as_secs().to_string(),
             self.capacity.to_string(),
-        ]
+        ];
+        if let Some(block) = self.block {
+            args.push(format!("block={}", block.to_arg()));
+        }
+        args
     }
 
     fn parse(args: &[String]) -> Option<WorkerArgs> {
+        let (block, args) = match args {
+            [first @ .., last] if last.starts_with("block=") => {
+                (Some(Block::parse(&last["block=".len()..])?), first)
+            }
+            _ => (None, args),
+        };
         let [id, endpoints, prefix, history, ttl, capacity] = args else {
             return None;
         };
@@ -447,6 +585,7 @@ impl WorkerArgs {
             history: history.into(),
             ttl: Duration::from_secs(ttl.parse().ok()?),
             capacity: capacity.parse().ok()?,
+            block,
         })
     }
 }
@@ -487,13 +626,15 @@ fn worker_main(args: &[String]) -> ExitCode {
         std::process::exit(0);
     });
     let Ok(runtime) = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(RUNTIME_THREADS)
         .enable_all()
         .build()
     else {
         eprintln!("worker {}: could not start the tokio runtime", args.id);
         return ExitCode::FAILURE;
     };
+    // One schedule for the whole process, over every join.
+    let blocker = args.block.map(|block| Blocker::new(block, RUNTIME_THREADS));
     runtime.block_on(async move {
         // Bounded: at most 1,000 joins; the run ends the process long before.
         for _ in 0..1_000 {
@@ -511,8 +652,12 @@ fn worker_main(args: &[String]) -> ExitCode {
                 }
             };
             let factory = {
-                let (id, recorder, writes) =
-                    (args.id.clone(), Arc::clone(&recorder), writes_rx.clone());
+                let (id, recorder, writes, blocker) = (
+                    args.id.clone(),
+                    Arc::clone(&recorder),
+                    writes_rx.clone(),
+                    blocker.clone(),
+                );
                 move |spec: TaskSpec| {
                     Ok(Task::builder(spec.task.as_str()).unit(Load {
                         task: spec.task.as_str().to_owned(),
@@ -521,6 +666,7 @@ fn worker_main(args: &[String]) -> ExitCode {
                         fencer: spec.fencer,
                         recorder: Arc::clone(&recorder),
                         writes: writes.clone(),
+                        blocker: blocker.clone(),
                     }))
                 }
             };
@@ -550,6 +696,8 @@ fn worker_main(args: &[String]) -> ExitCode {
 /// A worker process of the run.
 struct Proc {
     id: String,
+    /// What it was started with: a restart starts it again so.
+    args: WorkerArgs,
     stdin: Option<ChildStdin>,
     /// Kills the process by pid when dropped (after `stdin` is closed).
     child: ChildGuard,
@@ -579,8 +727,17 @@ struct Run {
     history: PathBuf,
     controller: Controller,
     recorder: Arc<Recorder>,
-    procs: Vec<Proc>,
-    next_worker: usize,
+    /// The worker processes. Locked between awaits only, never across one: the
+    /// phases and the supervisor (with `--overload`) share them.
+    procs: Mutex<Vec<Proc>>,
+    next_worker: Cell<usize>,
+    /// Whether the writers are on: a worker started meanwhile is told so.
+    writes_on: Cell<bool>,
+    /// With `--overload`: where each worker process's exit is sent.
+    exits: Option<mpsc::UnboundedSender<u32>>,
+    /// With `--overload`: workers that ended themselves on an overrun, and restarts.
+    overruns: Cell<usize>,
+    restarts: Cell<usize>,
     capacity: usize,
     tasks: Vec<String>,
     started: Instant,
@@ -607,9 +764,14 @@ impl Drop for Run {
 }
 
 impl Run {
+    fn procs(&self) -> MutexGuard<'_, Vec<Proc>> {
+        self.procs.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// Kills every worker process by pid, each recorded once it is reaped.
-    fn kill_all(&mut self) {
-        for proc in std::mem::take(&mut self.procs) {
+    fn kill_all(&self) {
+        let procs = std::mem::take(&mut *self.procs());
+        for proc in procs {
             let pid = proc.child.pid();
             drop(proc);
             self.recorder.fault(Fault::Killed, pid);
@@ -624,19 +786,33 @@ impl Run {
     }
 
     /// Starts one more worker process.
-    fn spawn_worker(&mut self) -> Result<(), ScaleError> {
-        let id = format!("w{}", self.next_worker);
-        self.next_worker += 1;
+    fn spawn_worker(&self) -> Result<(), ScaleError> {
+        let n = self.next_worker.get();
+        self.next_worker.set(n + 1);
+        let id = format!("w{n}");
         let args = WorkerArgs {
-            id: id.clone(),
+            // --overload: the first worker's units block its runtime's threads.
+            block: (self.options.overload && n == 1).then_some(BLOCK),
+            id,
             endpoints: self.endpoints.clone(),
             prefix: self.prefix.clone(),
             history: self.history.clone(),
             ttl: self.options.ttl,
             capacity: self.capacity,
         };
+        self.start(args)
+    }
+
+    /// Starts worker process `args.id` (again, after an overrun), its stderr
+    /// appended to `{id}.log` in the run's directory; with `--overload`, its exit is
+    /// watched.
+    fn start(&self, args: WorkerArgs) -> Result<(), ScaleError> {
+        let id = args.id.clone();
         let program = std::env::current_exe().map_err(io("find this program"))?;
-        let log = std::fs::File::create(self.dir.join(format!("{id}.log")))
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join(format!("{id}.log")))
             .map_err(io("create a worker's log"))?;
         let mut child = Command::new(program)
             .arg(WORKER_FLAG)
@@ -647,17 +823,148 @@ impl Run {
             .spawn()
             .map_err(io("start a worker process"))?;
         let stdin = child.stdin.take();
-        self.note(&format!("started worker {id} (pid {})", child.id()));
-        self.procs.push(Proc {
+        let pid = child.id();
+        let blocks = if args.block.is_some() {
+            ", its units blocking its runtime's threads"
+        } else {
+            ""
+        };
+        self.note(&format!("started worker {id} (pid {pid}){blocks}"));
+        let mut proc = Proc {
             id,
+            args,
             stdin,
             child: ChildGuard::new(child),
-        });
+        };
+        if let Some(exits) = &self.exits {
+            let exits = exits.clone();
+            overload::watch_exit(pid, Arc::clone(&self.recorder), move |pid| {
+                let _ = exits.send(pid);
+            });
+        }
+        if self.writes_on.get() {
+            proc.say("writes on");
+        }
+        self.procs().push(proc);
         Ok(())
     }
 
+    /// Turns the writers on or off, in every worker process, and in those started
+    /// from now on.
+    fn set_writes(&self, on: bool) {
+        self.writes_on.set(on);
+        for proc in self.procs().iter_mut() {
+            proc.say(if on { "writes on" } else { "writes off" });
+        }
+    }
+
+    /// With `--overload`: waits for worker processes' exits; restarts one that
+    /// ended itself on an overrun, under the same id and arguments, as a supervisor
+    /// would. Returns only with the failure that ends the run: any other exit of a
+    /// worker process, or too many restarts. Without `--overload`, never returns.
+    async fn supervise(&self, exits: Option<mpsc::UnboundedReceiver<u32>>) -> ScaleError {
+        let Some(mut exits) = exits else {
+            return std::future::pending().await;
+        };
+        // Bounded: one message per process started, and at most MAX_RESTARTS
+        // processes are started again.
+        while let Some(pid) = exits.recv().await {
+            let Some((proc, status)) = self.reap(pid).await else {
+                // One the run killed itself (the takeover's victim).
+                continue;
+            };
+            if !overload::is_overrun(status) {
+                return ScaleError::WorkerExited {
+                    id: proc.id.clone(),
+                    pid,
+                    status,
+                };
+            }
+            self.overruns.set(self.overruns.get() + 1);
+            self.note(&format!(
+                "worker {} (pid {pid}) ended itself on an overrun ({status}); its log says \
+                 which tasks; restarting it",
+                proc.id
+            ));
+            let args = proc.args.clone();
+            drop(proc);
+            if self.restarts.get() >= MAX_RESTARTS {
+                return ScaleError::TooManyRestarts(self.restarts.get());
+            }
+            self.restarts.set(self.restarts.get() + 1);
+            if let Err(e) = self.start(args) {
+                return e;
+            }
+        }
+        std::future::pending().await
+    }
+
+    /// The worker process `pid`, out of the run's list, and how it ended, once it
+    /// is reaped; `None` if the run no longer holds it.
+    async fn reap(&self, pid: u32) -> Option<(Proc, std::process::ExitStatus)> {
+        // Bounded: 50 tries, 20 ms apart; the first succeeds, since the process
+        // was seen gone (unreaped) before its pid was sent.
+        for _ in 0..50 {
+            {
+                let mut procs = self.procs();
+                let at = procs.iter().position(|p| p.child.pid() == pid)?;
+                if let Some(status) = procs[at].child.try_wait() {
+                    return Some((procs.remove(at), status));
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        None
+    }
+
     fn worker_ids(&self) -> Vec<String> {
-        self.procs.iter().map(|p| p.id.clone()).collect()
+        self.procs().iter().map(|p| p.id.clone()).collect()
+    }
+
+    /// How many worker processes the run holds.
+    fn worker_count(&self) -> usize {
+        self.procs().len()
+    }
+
+    /// With `--overload`: the CPU hogs, killed by pid when the guard drops.
+    fn start_hogs(&self) -> Result<Option<Hogs>, ScaleError> {
+        let n = self.options.hog_count();
+        if n == 0 {
+            return Ok(None);
+        }
+        let hogs = Hogs::start(n, HOG_BOUND).map_err(io("start the CPU hogs"))?;
+        self.note(&format!(
+            "{n} CPU-bound processes started beside the cluster (pids {:?})",
+            hogs.pids()
+        ));
+        Ok(Some(hogs))
+    }
+
+    /// With `--overload`: the duty-cycle freeze of the last of the first workers,
+    /// for two TTLs; the guard thaws it when dropped.
+    fn start_freeze(&self) -> Result<Option<DutyCycle>, ScaleError> {
+        if !self.options.overload {
+            return Ok(None);
+        }
+        let id = format!("w{}", self.options.workers);
+        let Some(pid) = self
+            .procs()
+            .iter()
+            .find(|p| p.id == id)
+            .map(|p| p.child.pid())
+        else {
+            return Ok(None);
+        };
+        let span = 2 * self.options.ttl;
+        let freeze = DutyCycle::start(pid, DUTY_STOPPED, DUTY_RUNNING, span)
+            .map_err(io(format!("freeze worker {id}")))?;
+        self.note(&format!(
+            "worker {id} (pid {pid}) frozen {} ms of every {} ms for {} s",
+            DUTY_STOPPED.as_millis(),
+            (DUTY_STOPPED + DUTY_RUNNING).as_millis(),
+            span.as_secs()
+        ));
+        Ok(Some(freeze))
     }
 
     /// Every task's status; a failed read is retried until `deadline`.
@@ -762,13 +1069,22 @@ impl Run {
     }
 
     fn cpu(&self) -> Vec<Option<u64>> {
-        self.procs.iter().map(Proc::cpu_ticks).collect()
+        self.procs().iter().map(Proc::cpu_ticks).collect()
     }
 
-    /// Pauses and resumes each task of `tasks`, timing the pauses.
-    async fn pauses(&self, tasks: &[String]) -> Result<Vec<Duration>, ScaleError> {
+    /// Pauses and resumes each task of `tasks`, timing the pauses; with a budget,
+    /// starts no pause once it is spent.
+    async fn pauses(
+        &self,
+        tasks: &[String],
+        budget: Option<Duration>,
+    ) -> Result<Vec<Duration>, ScaleError> {
+        let started = Instant::now();
         let mut took = Vec::with_capacity(tasks.len());
         for task in tasks {
+            if budget.is_some_and(|budget| started.elapsed() >= budget) {
+                break;
+            }
             let sent = now_ns();
             let asked = Instant::now();
             let paused = self
@@ -868,7 +1184,13 @@ async fn run(options: &Options, figures: &mut Figures, dir: &Path) -> Result<(),
         .await
         .map_err(cluster("connect to etcd"))?;
     let recorder = Recorder::create(&history, "controller").map_err(io("create the history"))?;
-    let mut run = Run {
+    let (exits, exited) = if options.overload {
+        let (tx, rx) = mpsc::unbounded_channel();
+        (Some(tx), Some(rx))
+    } else {
+        (None, None)
+    };
+    let run = Run {
         options: options.clone(),
         endpoints: endpoints.clone(),
         prefix: prefix.clone(),
@@ -876,8 +1198,12 @@ async fn run(options: &Options, figures: &mut Figures, dir: &Path) -> Result<(),
         history,
         controller: Controller::new(coord, &prefix).map_err(cluster("make a controller"))?,
         recorder,
-        procs: Vec::new(),
-        next_worker: 1,
+        procs: Mutex::new(Vec::new()),
+        next_worker: Cell::new(1),
+        writes_on: Cell::new(false),
+        exits,
+        overruns: Cell::new(0),
+        restarts: Cell::new(0),
         capacity: options.capacity.unwrap_or(options.tasks),
         tasks: (0..options.tasks).map(|i| format!("t{i:05}")).collect(),
         started,
@@ -890,7 +1216,29 @@ async fn run(options: &Options, figures: &mut Figures, dir: &Path) -> Result<(),
         options.ttl.as_secs(),
         run.capacity
     ));
-    let result = phases(&mut run, figures).await;
+    if options.overload {
+        run.note(&format!(
+            "overload: {} CPU hogs in the writes phase; w1's units block its runtime's \
+             threads ({} ms of every {} ms); w{} frozen in a duty cycle for two TTLs from \
+             the writes window",
+            options.hog_count(),
+            BLOCK.span.as_millis(),
+            BLOCK.every.as_millis(),
+            options.workers
+        ));
+    }
+    let result = tokio::select! {
+        result = phases(&run, figures) => result,
+        failed = run.supervise(exited) => Err(failed),
+    };
+    if options.overload {
+        figures.overload = Some(Overload {
+            hogs: options.hog_count(),
+            overrun_exits: run.overruns.get(),
+            restarts: run.restarts.get(),
+            ..Overload::default()
+        });
+    }
     // Every worker is killed (and recorded so) before the history is read.
     let final_list = run.controller.list().await;
     if let Ok(list) = &final_list {
@@ -907,7 +1255,7 @@ async fn run(options: &Options, figures: &mut Figures, dir: &Path) -> Result<(),
 }
 
 /// Every phase in turn; a phase that does not complete within its bound ends the run.
-async fn phases(run: &mut Run, figures: &mut Figures) -> Result<(), ScaleError> {
+async fn phases(run: &Run, figures: &mut Figures) -> Result<(), ScaleError> {
     let writers = create_tasks(run).await?;
     let bound = SETUP_BOUND + Duration::from_millis(20 * run.options.tasks as u64);
     all_running(run, figures, bound).await?;
@@ -959,11 +1307,7 @@ async fn create_tasks(run: &Run) -> Result<usize, ScaleError> {
 
 /// Phase 1: from the start of the worker processes until every task is observed
 /// Running.
-async fn all_running(
-    run: &mut Run,
-    figures: &mut Figures,
-    bound: Duration,
-) -> Result<(), ScaleError> {
+async fn all_running(run: &Run, figures: &mut Figures, bound: Duration) -> Result<(), ScaleError> {
     let spawned = Instant::now();
     for _ in 0..run.options.workers {
         run.spawn_worker()?;
@@ -983,7 +1327,7 @@ async fn rest(run: &Run, figures: &mut Figures) {
     let (reads0, cpu0, t0) = (run.reads(), run.cpu(), Instant::now());
     tokio::time::sleep(WINDOW).await;
     let (reads1, cpu1, window) = (run.reads(), run.cpu(), t0.elapsed().as_secs_f64());
-    let workers = run.procs.len() as f64;
+    let workers = run.worker_count() as f64;
     if let (Some(a), Some(b)) = (reads0, reads1) {
         figures.rest_reads_per_s = Some((b - a) / window / workers);
     }
@@ -992,7 +1336,7 @@ async fn rest(run: &Run, figures: &mut Figures) {
         .zip(&cpu1)
         .filter_map(|(a, b)| Some((b.as_ref()? - a.as_ref()?) as f64 / ticks / window * 100.0))
         .collect();
-    if per_worker.len() == run.procs.len() {
+    if per_worker.len() == run.worker_count() {
         figures.rest_cpu_pct = Some(per_worker.iter().sum::<f64>() / workers);
     }
     run.note(&format!(
@@ -1008,7 +1352,7 @@ async fn rest(run: &Run, figures: &mut Figures) {
 /// Phase 3: timed cluster-wide pauses of tasks spread over the ids.
 async fn pauses(run: &Run, figures: &mut Figures) -> Result<(), ScaleError> {
     let pauses = run
-        .pauses(&spread(&run.tasks, run.options.pauses, 0))
+        .pauses(&spread(&run.tasks, run.options.pauses, 0), None)
         .await?;
     figures.pause_p50 = quantile(&pauses, 0.5);
     figures.pause_p99 = quantile(&pauses, 0.99);
@@ -1024,28 +1368,57 @@ async fn pauses(run: &Run, figures: &mut Figures) -> Result<(), ScaleError> {
 
 /// Phase 4: the writers write; accepted writes per second, then timed pauses of
 /// writers while they write.
-async fn writes(run: &mut Run, figures: &mut Figures, writers: usize) -> Result<(), ScaleError> {
-    for proc in &mut run.procs {
-        proc.say("writes on");
-    }
+async fn writes(run: &Run, figures: &mut Figures, writers: usize) -> Result<(), ScaleError> {
+    // --overload: the CPU hogs for the whole phase, killed by pid when this guard
+    // drops (at the end of the phase, on an error, or when the run is interrupted).
+    let _hogs = run.start_hogs()?;
+    run.set_writes(true);
     tokio::time::sleep(WRITES_WARM_UP).await;
     let (reads0, from, t0) = (run.reads(), now_ns(), Instant::now());
+    // --overload: the duty-cycle freeze from here, for two TTLs; thawed when the
+    // guard drops, however the phase ends.
+    let freeze = run.start_freeze()?;
     tokio::time::sleep(WINDOW).await;
     let (reads1, to, window) = (run.reads(), now_ns(), t0.elapsed().as_secs_f64());
     let accepted = run.accepted_between(from, to)?;
     figures.writes_per_s = Some(accepted as f64 / window);
+    // --overload: the CPU hogs run until the pauses are done, so these get a time
+    // budget (a debug build took 9 min for 50 pauses and resumes under overload).
+    let budget = run.options.overload.then_some(OVERLOAD_PAUSES_BUDGET);
     let under = run
-        .pauses(&spread(&run.tasks[..writers], run.options.pauses, 1))
+        .pauses(
+            &spread(&run.tasks[..writers], run.options.pauses, 1),
+            budget,
+        )
         .await;
-    for proc in &mut run.procs {
-        proc.say("writes off");
+    run.set_writes(false);
+    if let Some(freeze) = freeze {
+        // Bounded by the freeze's span (two TTLs from the window's start, over by
+        // now unless the TTL is longer than the window and the pauses together).
+        let deadline = Instant::now() + 2 * run.options.ttl;
+        while !freeze.is_done() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let cycles = freeze.finish();
+        run.note(&format!(
+            "duty-cycle freeze over after {cycles} freezes; thawed"
+        ));
     }
     let under = under?;
-    let workers = run.procs.len() as f64;
+    let workers = run.worker_count() as f64;
     figures.pause_p99_under_writes = quantile(&under, 0.99);
+    let planned = run.options.pauses.min(writers);
+    let cut = if under.len() < planned {
+        format!(
+            " (of {planned}: --overload starts none after {} s)",
+            OVERLOAD_PAUSES_BUDGET.as_secs()
+        )
+    } else {
+        String::new()
+    };
     run.note(&format!(
         "{writers} writers: {accepted} fenced writes accepted in {window:.1} s, {} range reads \
-         a second per worker meanwhile; {} pauses under writes: p50 {} ms, p99 {} ms",
+         a second per worker meanwhile; {} pauses under writes{cut}: p50 {} ms, p99 {} ms",
         or_dash(
             reads0.zip(reads1).map(|(a, b)| (b - a) / window / workers),
             |r| format!("{r:.1}")
@@ -1058,11 +1431,7 @@ async fn writes(run: &mut Run, figures: &mut Figures, writers: usize) -> Result<
 }
 
 /// Phase 5: one more worker joins; the time until the balance is reached.
-async fn rebalance(
-    run: &mut Run,
-    figures: &mut Figures,
-    bound: Duration,
-) -> Result<(), ScaleError> {
+async fn rebalance(run: &Run, figures: &mut Figures, bound: Duration) -> Result<(), ScaleError> {
     let before = run
         .until_running("all running before the rebalance", None, bound, None)
         .await?;
@@ -1131,7 +1500,7 @@ async fn rebalance(
 
 /// Phase 6: the busiest worker killed with SIGKILL; the time until each of its
 /// tasks is observed Running on another worker.
-async fn takeover(run: &mut Run, figures: &mut Figures, bound: Duration) -> Result<(), ScaleError> {
+async fn takeover(run: &Run, figures: &mut Figures, bound: Duration) -> Result<(), ScaleError> {
     let list = run
         .until_running("all running before the takeover", None, bound, None)
         .await?;
@@ -1147,10 +1516,16 @@ async fn takeover(run: &mut Run, figures: &mut Figures, bound: Duration) -> Resu
         .filter(|s| s.owner.as_ref().map(|w| w.as_str()) == Some(victim.as_str()))
         .map(|s| s.task.as_str().to_owned())
         .collect();
-    let Some(at) = run.procs.iter().position(|p| p.id == victim) else {
+    let victim_proc = {
+        let mut procs = run.procs();
+        procs
+            .iter()
+            .position(|p| p.id == victim)
+            .map(|at| procs.remove(at))
+    };
+    let Some(proc) = victim_proc else {
         return Ok(());
     };
-    let proc = run.procs.remove(at);
     let pid = proc.child.pid();
     let killed = Instant::now();
     drop(proc);
@@ -1168,19 +1543,6 @@ async fn takeover(run: &mut Run, figures: &mut Figures, bound: Duration) -> Resu
         killed.elapsed().as_secs_f64()
     ));
     Ok(())
-}
-
-/// How many times the worker processes joined again (their logs say so each time).
-fn rejoins(dir: &Path) -> usize {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return 0;
-    };
-    entries
-        .flatten()
-        .filter(|e| e.path().extension().is_some_and(|x| x == "log"))
-        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
-        .map(|text| text.lines().filter(|l| l.contains("joining again")).count())
-        .sum()
 }
 
 /// Runs the scale run, then the history checker; prints the figures last.
@@ -1242,10 +1604,24 @@ fn scale_main(args: &[String]) -> ExitCode {
             ok = false;
         }
     }
+    let lease_losses = overload::rejoins(&dir);
     eprintln!(
-        "cluster_scale: worker processes joined again after losing their lease {} times",
-        rejoins(&dir)
+        "cluster_scale: worker processes joined again after losing their lease {lease_losses} times"
     );
+    if options.overload {
+        let o = figures.overload.get_or_insert_with(|| Overload {
+            hogs: options.hog_count(),
+            ..Overload::default()
+        });
+        o.lease_losses = lease_losses;
+        eprintln!(
+            "cluster_scale: worker processes ended themselves on an overrun (status {}) {} \
+             times, and were restarted {} times",
+            overload::OVERRUN_EXIT_CODE,
+            o.overrun_exits,
+            o.restarts
+        );
+    }
     if ok {
         let _ = std::fs::remove_dir_all(&dir);
     } else {
@@ -1306,6 +1682,45 @@ mod tests {
     }
 
     #[test]
+    fn overload_and_its_hogs_are_parsed_and_hogs_alone_refused() {
+        let plain = parse(&args("--tasks 1000 --workers 3")).expect("good arguments");
+        assert!(!plain.overload);
+        assert_eq!(plain.hog_count(), 0, "no hog without --overload");
+        let loaded = parse(&args("--tasks 1000 --workers 3 --overload")).expect("good arguments");
+        assert!(loaded.overload);
+        assert_eq!(loaded.hogs, None);
+        assert_eq!(loaded.hog_count(), overload::hogs_per_core());
+        assert_eq!(
+            Options {
+                overload: false,
+                ..loaded.clone()
+            },
+            plain,
+            "--overload changes nothing else"
+        );
+        let counted = parse(&args("--hogs 12 --overload")).expect("good arguments");
+        assert_eq!((counted.overload, counted.hogs), (true, Some(12)));
+        assert_eq!(counted.hog_count(), 12);
+        assert_eq!(
+            parse(&args("--hogs 12")),
+            Err(ArgError::NeedsOverload("--hogs".into()))
+        );
+        assert!(matches!(
+            parse(&args("--overload --hogs 0")),
+            Err(ArgError::Bad { option, .. }) if option == "--hogs"
+        ));
+        assert_eq!(
+            parse(&args("--overload --hogs")),
+            Err(ArgError::Missing("--hogs".into()))
+        );
+        let unknown = ArgError::Unknown("--x".into()).to_string();
+        assert!(
+            unknown.contains("--overload") && unknown.contains("--hogs N"),
+            "{unknown}"
+        );
+    }
+
+    #[test]
     fn a_worker_s_arguments_go_through_its_command_line_unchanged() {
         let worker = WorkerArgs {
             id: "w4".into(),
@@ -1314,9 +1729,22 @@ mod tests {
             history: "/tmp/h".into(),
             ttl: Duration::from_secs(5),
             capacity: 1_000,
+            block: None,
         };
-        assert_eq!(WorkerArgs::parse(&worker.to_vec()), Some(worker));
+        assert_eq!(worker.to_vec().len(), 6, "without --overload, as before");
+        assert_eq!(WorkerArgs::parse(&worker.to_vec()), Some(worker.clone()));
+        let blocking = WorkerArgs {
+            block: Some(BLOCK),
+            ..worker
+        };
+        assert_eq!(blocking.to_vec().len(), 7);
+        assert_eq!(WorkerArgs::parse(&blocking.to_vec()), Some(blocking));
         assert_eq!(WorkerArgs::parse(&args("w1 x")), None);
+        assert_eq!(
+            WorkerArgs::parse(&args("w1 e p h 5 10 block=150,2000")),
+            None,
+            "a span longer than its period"
+        );
     }
 
     #[test]
@@ -1388,6 +1816,20 @@ etcd_mvcc_range_total 7
              rest_cpu_pct=- pause_p50_ms=- pause_p99_ms=- writes_per_s=- \
              pause_p99_ms_under_writes=- takeover_s=- rebalance_s=timeout moved=- \
              max_live_runs=1 balance=inf"
+        );
+        let loaded = Figures {
+            overload: Some(Overload {
+                hogs: 4,
+                lease_losses: 36,
+                overrun_exits: 2,
+                restarts: 2,
+            }),
+            ..figures.clone()
+        };
+        assert_eq!(
+            loaded.to_string(),
+            format!("{figures} hogs=4 lease_losses=36 overrun_exits=2 restarts=2"),
+            "--overload's counts at the end, the rest unchanged"
         );
     }
 

@@ -2,7 +2,7 @@
 # Runs every test of the crate: unit, integration, property, compile-fail, doc tests,
 # the examples' own tests, the benchmarks in test mode, the testing kit's dogfood, the
 # cluster's etcd integration, fault, hand-over and nemesis suites, the command line's
-# tests, the cluster's scale run at 1,000 tasks, and the loom models.
+# tests, the cluster's scale run at 1,000 tasks under overload, and the loom models.
 #
 # On two cores the suites run side by side where they can: once every test target is
 # built, the loom models (their own cfg and target dir, release mode) build and run in
@@ -66,8 +66,8 @@ echo "== every target with every feature =="
 # Among them: the metrics test (a recording backend checks the values), the testing
 # kit's tests and the migrate example under generated schedules, the cluster's unit,
 # property, model and etcd tests, the fault suite (worker processes under SIGSTOP,
-# kill -9, cuts to etcd, the etcd leader lost, two controllers racing, 100 tasks; each
-# merged history checked), the randomized nemesis (60 s, a fresh seed printed first;
+# kill -9, cuts to etcd, the etcd leader lost, two controllers racing, 100 tasks, CPU
+# overload; each merged history checked), the randomized nemesis (60 s, a fresh seed printed first;
 # its unfenced control must fail the checker), the `taskstage` command (feature cli)
 # run as a binary against etcd and worker processes, and the migrate example's cluster
 # mode at small scale. Each runs as `cargo test` runs it: from the package's root,
@@ -79,13 +79,22 @@ while IFS=$'\t' read -r label exe; do
 done <"$built"
 rm -f "$built"
 
-echo "== the scale run: 1,000 tasks, 3 worker processes (examples/cluster_scale.rs, debug) =="
+echo "== the scale run under overload: 1,000 tasks, 3 worker processes (examples/cluster_scale.rs, debug) =="
 # Built with the features of the build above, so only the example itself compiles.
-# It prints its figures last; it fails only when a rule of the history checker broke
-# (two runs of a task alive at once, among others) or a phase did not complete within
-# its bound, never because a figure is slow. Without etcd it fails (it never skips).
-cargo run --all-features --example cluster_scale -- --tasks 1000 --workers 3 \
-  || failed+=("the scale run (examples/cluster_scale.rs)")
+# With --overload the run is the cluster's nemesis for a busy machine: two CPU-bound
+# processes per core beside it for the whole writes phase (children of the run,
+# killed by pid when the phase ends or fails), one worker whose units block both of
+# its runtime's threads (150 ms of every 2 s), and one worker frozen 90 ms of every
+# 100 ms for two TTLs; a worker that ends itself on an overrun (status 75) is
+# restarted under its id. The background lanes above run at a lower priority: if
+# they still run, they wait for the hogs meanwhile. The run prints its figures last, with the lease losses,
+# overrun exits and restarts; it fails only when a rule of the history checker broke
+# (two runs of a task alive at once, a stale write accepted, among others), a worker
+# exited otherwise, or a phase did not complete within its bound, never because a
+# figure is slow. About 2.5 min in debug on two cores. Without etcd it fails (it
+# never skips).
+cargo run --all-features --example cluster_scale -- --tasks 1000 --workers 3 --overload \
+  || failed+=("the scale run under overload (examples/cluster_scale.rs)")
 
 names=("compile-fail and doc tests" "loom models")
 logs_of=("$logs/side" "$logs/loom")

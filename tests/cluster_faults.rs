@@ -9,7 +9,8 @@
 //! Liveness too: after each fault the desired stage is answered within [`LIVENESS`].
 //! Every process the test starts is killed by pid when its guard drops, also when
 //! the test fails; a worker process also exits when its stdin (a pipe from the test)
-//! closes, so none outlives the test binary.
+//! closes, so none outlives the test binary. The instant a worker process exits, for
+//! whatever reason, is recorded (`exited`): none of its runs outlives it.
 //!
 //! Without an `etcd` binary each test says SKIPPED and passes, except under
 //! `CI=true`, where it fails (see `cluster_support`).
@@ -23,8 +24,9 @@ use std::time::{Duration, Instant};
 use cluster_support::history::{
     histories, now_ns, remove_histories, Fault, History, Recorder, Verdict, Violation,
 };
+use cluster_support::overload::{self, Block, DutyCycle, Hogs};
 use cluster_support::process::{self, Settings, Units, Values, WorkerKind, TTL};
-use cluster_support::{signal_pid, ChildGuard, EtcdCluster};
+use cluster_support::{per_worker, signal_pid, ChildGuard, EtcdCluster};
 use taskstage::cluster::{
     ClusterError, Controller, Coordinator, DesiredStage, EtcdCoordinator, EtcdOptions, TaskStatus,
 };
@@ -66,6 +68,8 @@ fn worker_process() {
 /// A worker process; dropping it kills it by pid.
 struct Proc {
     id: String,
+    /// How it was started: a restart starts it again so.
+    how: Spawn,
     child: ChildGuard,
 }
 
@@ -97,12 +101,15 @@ struct Spawn {
     write_every: Duration,
     /// On the members' side client ports, that the test can cut.
     cuttable: bool,
+    /// Its probes block the runtime's threads so.
+    block: Option<Block>,
 }
 
 const ONE: Spawn = Spawn {
     capacity: 16,
     write_every: Duration::from_millis(50),
     cuttable: false,
+    block: None,
 };
 
 impl Fleet {
@@ -133,12 +140,52 @@ impl Fleet {
             unfenced: Some(self.unfenced),
             capacity: Some(how.capacity),
             write_every: Some(how.write_every),
+            block: how.block,
         };
         let child = WORKERS.spawn(id, endpoints, &self.dir, settings);
+        overload::watch_exit(child.pid(), Arc::clone(&self.recorder), |_| {});
         self.procs.push(Proc {
             id: id.to_owned(),
+            how,
             child,
         });
+    }
+
+    /// Restarts each worker process that ended itself on an overrun, under the same
+    /// id and options, as a supervisor would; returns how many it restarted.
+    ///
+    /// # Panics
+    ///
+    /// If a worker process ended in any other way: only the test ends them.
+    fn restart_overruns(&mut self) -> usize {
+        let mut ended = Vec::new();
+        for (at, proc) in self.procs.iter_mut().enumerate() {
+            if let Some(status) = proc.child.try_wait() {
+                ended.push((at, status));
+            }
+        }
+        let mut restarted = 0;
+        for (at, status) in ended.into_iter().rev() {
+            let proc = self.procs.remove(at);
+            let pid = proc.child.pid();
+            // Seen gone now, or earlier by its exit watcher: the earlier counts.
+            self.recorder.fault(Fault::Exited, pid);
+            assert!(
+                overload::is_overrun(status),
+                "worker {} (pid {pid}) ended on its own: {status}; its log is {}",
+                proc.id,
+                self.dir.join(format!("{}.log", proc.id)).display()
+            );
+            eprintln!(
+                "worker {} (pid {pid}) ended itself on an overrun ({status}); restarting it",
+                proc.id
+            );
+            let (id, how) = (proc.id.clone(), proc.how);
+            drop(proc);
+            self.spawn(&id, how);
+            restarted += 1;
+        }
+        restarted
     }
 
     fn proc(&self, id: &str) -> &Proc {
@@ -754,6 +801,7 @@ async fn a_hundred_tasks_over_three_workers_survive_one_killed() {
         capacity: 64,
         write_every: Duration::from_secs(1),
         cuttable: false,
+        block: None,
     };
     for id in ["w1", "w2", "w3"] {
         fleet.spawn(id, many);
@@ -791,6 +839,132 @@ async fn a_hundred_tasks_over_three_workers_survive_one_killed() {
     let verdict = fleet.verdict(&names).await;
     assert_passed(&verdict);
     assert!(verdict.runs >= 100, "{verdict}");
+}
+
+/// How the blocking worker's probes block its runtime's threads: every 4 s, two of
+/// them (its runtime has two threads) each spin for 2.5 s inside their run. Longer
+/// than the time between the lease's deadline and its expiry on the server (a TTL
+/// of 2 s, keep-alives every 460 ms, a stop bound of 600 ms): nothing that runs on
+/// that runtime can keep the lease or stop a run in time meanwhile.
+const BLOCK: Block = Block {
+    every: Duration::from_secs(4),
+    span: Duration::from_millis(2_500),
+};
+/// How long the CPU hogs run: three TTLs (the duty-cycle freeze takes the first
+/// two).
+const OVERLOAD: Duration = Duration::from_secs(3 * TTL.as_secs());
+/// The bound of a CPU hog that nothing killed (its guard kills it long before).
+const HOG_BOUND: Duration = Duration::from_secs(120);
+
+/// Overload, as a busy machine makes it: CPU-bound processes on every core (two
+/// per core, at the test's priority) while nine probes write, one worker whose
+/// units block its runtime's threads, and another frozen in a duty cycle (90 ms
+/// stopped, 10 ms running) for two TTLs. A worker that ends itself on an overrun is
+/// restarted, as a supervisor would. Through all of it, no two runs of a task alive
+/// at once and no stale write accepted; after it, every task answered.
+///
+/// The duty cycle's stops are not recorded as freezes: each is far shorter than a
+/// lease, so the checker's allowance for a process frozen past its lease does not
+/// apply, and the frozen worker is held to every rule in full.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cpu_hogs_blocked_runtime_threads_and_a_duty_cycle_freeze_cost_no_safety() {
+    let Some(cluster) = EtcdCluster::start_or_skip(3) else {
+        return;
+    };
+    let mut fleet = Fleet::new(&cluster, false).await;
+    let probes = Spawn {
+        write_every: Duration::from_millis(100),
+        ..ONE
+    };
+    fleet.spawn(
+        "w1",
+        Spawn {
+            block: Some(BLOCK),
+            ..probes
+        },
+    );
+    fleet.spawn("w2", probes);
+    fleet.spawn("w3", probes);
+    let ids = ["w1", "w2", "w3"];
+    for id in ids {
+        registered(&fleet, id).await;
+    }
+    let names: Vec<String> = (0..9).map(|i| format!("o{i}")).collect();
+    for task in &names {
+        create_running(&fleet, task).await;
+    }
+    for task in &names {
+        fleet.answered(task, LIVENESS, |_| true).await;
+    }
+    // The freeze falls on the busier of the two workers that do not block.
+    let list = fleet.controller.list().await.expect("list the tasks");
+    let held = per_worker(&list, &ids.map(str::to_owned));
+    eprintln!("tasks held per worker before the overload: {held:?}");
+    let frozen = if held.get("w3") > held.get("w2") {
+        "w3"
+    } else {
+        "w2"
+    };
+
+    let hogs = Hogs::start(overload::hogs_per_core(), HOG_BOUND).expect("start the CPU hogs");
+    let loaded = Instant::now();
+    let freeze = DutyCycle::start(
+        fleet.pid(frozen),
+        Duration::from_millis(90),
+        Duration::from_millis(10),
+        2 * TTL,
+    )
+    .expect("start the duty-cycle freeze");
+    eprintln!(
+        "overload: {} CPU hogs {:?}, w1's units blocking its runtime's threads, {frozen} \
+         frozen in a duty cycle for {:?}",
+        hogs.pids().len(),
+        hogs.pids(),
+        2 * TTL
+    );
+    let mut restarts = 0;
+    // Bounded by the overload's span, polling every 50 ms: what a controller reads
+    // meanwhile is in the history too.
+    while loaded.elapsed() < OVERLOAD {
+        for task in &names {
+            let _ = fleet.status(task).await;
+        }
+        restarts += fleet.restart_overruns();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Its span (two TTLs) is over: this returns at once, the worker thawed.
+    let freezes = freeze.finish();
+    drop(hogs);
+    eprintln!(
+        "overload over after {:?}: {freezes} freezes of {frozen}",
+        loaded.elapsed()
+    );
+
+    let after = Instant::now();
+    for task in &names {
+        restarts += fleet.restart_overruns();
+        // Within the bound of a worker lost at the overload's end, and one restart.
+        let within = (2 * LIVENESS).saturating_sub(after.elapsed());
+        fleet.answered(task, within, |_| true).await;
+    }
+    restarts += fleet.restart_overruns();
+    eprintln!(
+        "every task answered {:?} after the overload; {} lease losses (joined again), {restarts} \
+         workers restarted after an overrun",
+        after.elapsed(),
+        overload::rejoins(&fleet.dir),
+    );
+    let verdict = fleet.verdict(&names).await;
+    let stale: Vec<&Violation> = verdict
+        .violations
+        .iter()
+        .filter(|v| matches!(v, Violation::StaleAccepted { .. }))
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "stale writes accepted: {stale:?}; {verdict}"
+    );
+    assert_passed(&verdict);
 }
 
 /// A local unit like the worker processes' probe, without the store: it waits for

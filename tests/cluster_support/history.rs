@@ -37,7 +37,9 @@
 //! One allowance, the documented limit of the design: a run on a process frozen
 //! (SIGSTOP) past its lease counts as ended at the freeze if its future is dropped
 //! within `allowance` of the thaw (the worker fences itself as soon as it runs
-//! again), or if the process is killed before it is thawed (it never ran again).
+//! again), or if the process is killed (or exits) before it is thawed (it never ran
+//! again). A process recorded `exited` (seen gone by its parent: a worker that ended
+//! itself, for one) counts as one recorded `killed`: none of its runs outlives it.
 //! Such runs are counted in [`Verdict::frozen`]; their fenced writes are still
 //! checked by rules 2 and 5-7. A run that keeps going after the thaw counts in full.
 
@@ -89,6 +91,10 @@ pub(crate) enum Fault {
     Thaw,
     /// SIGKILL, recorded once the process was reaped: none of its runs is alive.
     Killed,
+    /// The process ended (by itself, e.g. a worker that ended itself on an overrun,
+    /// or killed), recorded the instant its parent saw it gone: none of its runs is
+    /// alive. Counts as [`Fault::Killed`] does.
+    Exited,
 }
 
 impl Fault {
@@ -97,7 +103,13 @@ impl Fault {
             Fault::Freeze => "freeze",
             Fault::Thaw => "thaw",
             Fault::Killed => "killed",
+            Fault::Exited => "exited",
         }
+    }
+
+    /// Whether the process is gone from this instant on (killed or exited).
+    fn is_gone(self) -> bool {
+        matches!(self, Fault::Killed | Fault::Exited)
     }
 }
 
@@ -754,11 +766,12 @@ impl History {
                 self.converged
                     .push((n(1)?, f[2].to_owned(), f[3].to_owned(), f[4].parse().ok()?))
             }
-            (kind @ ("freeze" | "thaw" | "killed"), 3) => {
+            (kind @ ("freeze" | "thaw" | "killed" | "exited"), 3) => {
                 let fault = match kind {
                     "freeze" => Fault::Freeze,
                     "thaw" => Fault::Thaw,
-                    _ => Fault::Killed,
+                    "killed" => Fault::Killed,
+                    _ => Fault::Exited,
                 };
                 self.faults.push((fault, n(1)?, f[2].parse().ok()?));
             }
@@ -790,8 +803,13 @@ impl History {
         }
     }
 
-    /// How many runs of process `pid` have no drop recorded.
+    /// How many runs of process `pid` have no drop recorded, while the process is
+    /// not recorded gone (killed or exited).
     pub(crate) fn alive_runs_of(&self, pid: u32) -> usize {
+        let gone = self.faults.iter().any(|(f, _, p)| f.is_gone() && *p == pid);
+        if gone {
+            return 0;
+        }
         self.runs
             .values()
             .filter(|r| r.pid == pid && r.drop.is_none())
@@ -813,7 +831,7 @@ impl History {
         let killed = self
             .faults
             .iter()
-            .filter(|(f, t, pid)| *f == Fault::Killed && *pid == run.pid && *t >= run.start)
+            .filter(|(f, t, pid)| f.is_gone() && *pid == run.pid && *t >= run.start)
             .map(|(_, t, _)| *t)
             .min();
         let end = run.drop.or(killed).unwrap_or(horizon);
@@ -833,7 +851,7 @@ impl History {
                 .faults
                 .iter()
                 .filter(|(f, t, pid)| {
-                    matches!(f, Fault::Thaw | Fault::Killed) && *pid == run.pid && *t >= frozen_at
+                    (*f == Fault::Thaw || f.is_gone()) && *pid == run.pid && *t >= frozen_at
                 })
                 .map(|(_, t, _)| *t)
                 .min();
@@ -1047,7 +1065,7 @@ impl History {
                 let killed = self
                     .faults
                     .iter()
-                    .filter(|(f, t, pid)| *f == Fault::Killed && *pid == run.pid && *t >= run.start)
+                    .filter(|(f, t, pid)| f.is_gone() && *pid == run.pid && *t >= run.start)
                     .map(|(_, t, _)| *t)
                     .min();
                 let end = run.drop.or(killed).unwrap_or(u64::MAX);
@@ -1127,6 +1145,29 @@ mod tests {
             NONE,
         );
         assert_eq!(v.violations.len(), 1, "{v}");
+    }
+
+    #[test]
+    fn rule_1_a_run_of_a_process_that_exited_ends_at_the_exit_and_no_later() {
+        let exited = [
+            "alive 100 7.1 t w1 1 10",
+            "exited 200 7",
+            "alive 300 8.1 t w2 1 20",
+        ];
+        let history = History::from_lines(&exited).expect("history lines");
+        assert!(history.check(NONE).passed());
+        assert_eq!(
+            history.alive_runs_of(7),
+            0,
+            "a process gone has no live run"
+        );
+        let late = [
+            "alive 100 7.1 t w1 1 10",
+            "alive 300 8.1 t w2 1 20",
+            "exited 400 7",
+        ];
+        let v = check(&late, NONE);
+        assert_eq!(v.max_live, 2, "alive until its exit: {v}");
     }
 
     #[test]

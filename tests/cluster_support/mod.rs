@@ -16,6 +16,7 @@
 
 pub(crate) mod firewall;
 pub(crate) mod history;
+pub(crate) mod overload;
 pub(crate) mod process;
 
 use std::collections::{BTreeMap, HashMap};
@@ -655,9 +656,13 @@ impl ChildGuard {
 
 impl Drop for ChildGuard {
     fn drop(&mut self) {
-        signal_pid(self.child.id(), rustix::process::Signal::CONT);
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        // A child already reaped (by `try_wait`) is left alone: its pid may be
+        // another process's by now. One not yet reaped holds its pid until `wait`.
+        if !matches!(self.child.try_wait(), Ok(Some(_))) {
+            signal_pid(self.child.id(), rustix::process::Signal::CONT);
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
     }
 }
 

@@ -19,8 +19,10 @@
 //!   [`super::history`]) and writes a line `joined {lease:x}` to
 //!   `worker-{id}-{pid}.joins` at each join;
 //! - optional: `{env}_UNFENCED` (`1` turns on the worker's hidden unfenced switch),
-//!   `{env}_CAPACITY`, `{env}_WRITE_MS` (a probe's write period), `{env}_PREFIX`
-//!   (another key prefix, for a session run by hand).
+//!   `{env}_CAPACITY`, `{env}_WRITE_MS` (a probe's write period), `{env}_BLOCK`
+//!   (`{every ms},{span ms}`: the probes block the runtime's threads, see
+//!   [`super::overload::Blocker`]), `{env}_PREFIX` (another key prefix, for a session
+//!   run by hand).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -35,8 +37,11 @@ use taskstage::cluster::{
 use taskstage::{RunContext, RunError, RunExit, Task, TaskBuilder, Unit};
 
 use super::history::{now_ns, Recorder, WriteOutcome};
+use super::overload::{Block, Blocker};
 use super::{count_from, exit_when_stdin_closes, ChildGuard};
 
+/// The worker processes' runtime threads.
+const RUNTIME_THREADS: usize = 2;
 /// The worker processes' lease TTL.
 pub(crate) const TTL: Duration = Duration::from_secs(2);
 /// The worker processes' stop bound.
@@ -103,6 +108,8 @@ pub(crate) struct Settings {
     pub(crate) capacity: Option<usize>,
     /// `{env}_WRITE_MS`.
     pub(crate) write_every: Option<Duration>,
+    /// `{env}_BLOCK`: the probes block the runtime's threads so.
+    pub(crate) block: Option<Block>,
 }
 
 impl WorkerKind {
@@ -159,6 +166,9 @@ impl WorkerKind {
         if let Some(every) = settings.write_every {
             command.env(self.var("WRITE_MS"), every.as_millis().to_string());
         }
+        if let Some(block) = settings.block {
+            command.env(self.var("BLOCK"), block.to_arg());
+        }
         let child = command
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
@@ -198,7 +208,7 @@ pub(crate) fn worker_process(kind: &WorkerKind) {
     // The test holds the other end of stdin: when it goes away, so does this.
     exit_when_stdin_closes();
     let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(RUNTIME_THREADS)
         .enable_all()
         .build()
         .expect("a tokio runtime");
@@ -263,6 +273,10 @@ fn factory(kind: &WorkerKind, id: &str) -> (Arc<Factory>, Option<std::fs::File>)
     let every = kind.optional("WRITE_MS").map_or(every, |ms| {
         Duration::from_millis(ms.parse().expect("a write period in ms"))
     });
+    let blocker = kind.optional("BLOCK").map(|block| {
+        let block = Block::parse(&block).expect("a block as {every ms},{span ms}");
+        Blocker::new(block, RUNTIME_THREADS)
+    });
     let dir = PathBuf::from(required_env(&kind.var("DIR")));
     let name = format!("worker-{id}-{}", std::process::id());
     let recorder = Recorder::create(&dir, &name).expect("create the worker's history file");
@@ -280,6 +294,7 @@ fn factory(kind: &WorkerKind, id: &str) -> (Arc<Factory>, Option<std::fs::File>)
             every,
             values,
             recorder: Arc::clone(&recorder),
+            blocker: blocker.clone(),
         }))
     };
     (Arc::new(factory), Some(joins))
@@ -290,7 +305,8 @@ static NEXT_WRITE: AtomicU64 = AtomicU64::new(1);
 
 /// A unit that records its run, then writes a fenced checkpoint `pos` every
 /// `every`, recording each write and whether the fence accepted it; once rejected,
-/// it waits for its cancellation.
+/// it waits for its cancellation. With a blocker, it also blocks its runtime thread
+/// in the blocker's windows.
 struct Probe {
     task: String,
     worker: String,
@@ -298,6 +314,7 @@ struct Probe {
     every: Duration,
     values: Values,
     recorder: Arc<Recorder>,
+    blocker: Option<Arc<Blocker>>,
 }
 
 impl Values {
@@ -324,11 +341,29 @@ impl Unit for Probe {
     }
 
     async fn run(&mut self, ctx: RunContext) -> Result<RunExit, RunError> {
+        let _alive = self.recorder.alive(
+            &self.task,
+            &self.worker,
+            ctx.generation(),
+            self.fencer.token().revision,
+        );
+        let Some(blocker) = self.blocker.clone() else {
+            return self.probe(&ctx).await;
+        };
+        let probe = self.probe(&ctx);
+        tokio::pin!(probe);
+        tokio::select! {
+            exit = &mut probe => exit,
+            () = blocker.pulse() => probe.await,
+        }
+    }
+}
+
+impl Probe {
+    /// The run's work: the writes, until the run is cancelled.
+    async fn probe(&mut self, ctx: &RunContext) -> Result<RunExit, RunError> {
         let token = self.fencer.token().clone();
         let revision = token.revision;
-        let _alive = self
-            .recorder
-            .alive(&self.task, &self.worker, ctx.generation(), revision);
         // Bounded by the run's cancellation.
         for n in 1u64.. {
             tokio::select! {
