@@ -18,9 +18,8 @@ use super::history::{Fault, Recorder};
 use super::ChildGuard;
 
 /// The exit status of a worker process that ended itself because a run was not
-/// confirmed gone by its lease's last safe instant. To be replaced by
-/// `taskstage::cluster::OVERRUN_EXIT_CODE` once the library exports it.
-pub(crate) const OVERRUN_EXIT_CODE: i32 = 75;
+/// confirmed gone by its lease's last safe instant.
+pub(crate) use taskstage::cluster::OVERRUN_EXIT_CODE;
 
 /// How many CPU-bound processes load every core: two per core the machine has, so
 /// that every process beside them (etcd members, workers, the run itself) waits for
