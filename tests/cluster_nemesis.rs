@@ -46,7 +46,7 @@ use cluster_support::history::{
     histories, now_ns, remove_histories, Fault, History, Recorder, Replayed, Verdict,
 };
 use cluster_support::process::{self, Settings, Units, Values, WorkerKind, TTL};
-use cluster_support::{signal_pid, ChildGuard, EtcdCluster};
+use cluster_support::{overload, signal_pid, ChildGuard, EtcdCluster};
 use taskstage::cluster::{Controller, DesiredStage, EtcdCoordinator, EtcdOptions, TaskStatus};
 use taskstage::Stage;
 
@@ -175,7 +175,44 @@ impl Fleet {
         };
         let endpoints = self.cluster.side_endpoints_of(slot);
         let child = WORKERS.spawn(&self.slots[slot].id, &endpoints, &self.dir, settings);
+        // The instant it exits, whatever the reason, is recorded: a worker that ends
+        // itself on an overrun leaves no drop for its runs.
+        overload::watch_exit(child.pid(), Arc::clone(&self.recorder), |_| {});
         self.slots[slot].child = Some(child);
+    }
+
+    /// Restarts, under its id, each worker process that ended itself on an overrun
+    /// (a run not confirmed gone at the last instant its lease allowed: after a
+    /// freeze past the lease, at the thaw), as a supervisor would; returns how many.
+    ///
+    /// # Panics
+    ///
+    /// If a worker process ended in any other way.
+    fn restart_overruns(&mut self) -> usize {
+        let mut restarted = 0;
+        for slot in 0..self.slots.len() {
+            let Some(child) = self.slots[slot].child.as_mut() else {
+                continue;
+            };
+            let Some(status) = child.try_wait() else {
+                continue;
+            };
+            let pid = child.pid();
+            // Seen gone now, or earlier by its exit watcher: the earlier counts.
+            self.recorder.fault(Fault::Exited, pid);
+            assert!(
+                overload::is_overrun(status),
+                "worker {} (pid {pid}) exited: {status}",
+                self.slots[slot].id
+            );
+            say(&format!(
+                "nemesis: {} (pid {pid}) ended itself on an overrun; restarted",
+                self.slots[slot].id
+            ));
+            self.spawn(slot);
+            restarted += 1;
+        }
+        restarted
     }
 
     fn pid(&self, slot: usize) -> Option<u32> {
@@ -372,6 +409,8 @@ struct Nemesis {
     /// A member killed or frozen, or back but not yet healthy.
     member_out: Option<usize>,
     counts: Counts,
+    /// Worker processes restarted after they ended themselves on an overrun.
+    restarts: usize,
 }
 
 impl Nemesis {
@@ -384,6 +423,7 @@ impl Nemesis {
             cut: [false; SLOTS],
             member_out: None,
             counts: Counts::default(),
+            restarts: 0,
         }
     }
 
@@ -820,6 +860,7 @@ async fn run_nemesis(
     let mut next_look = started + Duration::from_secs(1);
     // Bounded by `end`, at least 10 ms per turn.
     while Instant::now() < end {
+        nemesis.restarts += fleet.restart_overruns();
         nemesis.tick(fleet);
         if Instant::now() >= next_fault {
             let draw = nemesis.draw();
@@ -867,6 +908,7 @@ async fn the_nemesis_finds_no_violation_and_the_cluster_converges() {
 
     // Heal, then every task not stopped desired Running, then convergence.
     nemesis.heal_all(&mut fleet).await;
+    nemesis.restarts += fleet.restart_overruns();
     let healed = Instant::now();
     let mut stopped = Vec::new();
     for task in &names {
@@ -949,7 +991,7 @@ async fn the_nemesis_finds_no_violation_and_the_cluster_converges() {
          kill_new_id={} cut={} leader_kill={} leader_freeze={} skipped={} max_overlap={} \
          flips={} stops={} commands_failed={} violations={} freeze_allowances={} runs={} \
          max_live={} writes_accepted={} writes_rejected={} applied_in_etcd={} converged_tasks={} \
-         convergence_s={:.2}",
+         convergence_s={:.2} overrun_restarts={}",
         ran.as_secs(),
         c.total(),
         c.freezes,
@@ -972,6 +1014,7 @@ async fn the_nemesis_finds_no_violation_and_the_cluster_converges() {
         verdict.applied.unwrap_or(0),
         verdict.converged,
         converged_in.as_secs_f64(),
+        nemesis.restarts,
     );
     say(&format!("history: {verdict}"));
     say(&summary);
