@@ -230,27 +230,23 @@ impl EtcdCoordinator {
         // Every member's failure, so an Unreachable names each endpoint tried.
         let mut failures: Vec<String> = Vec::new();
         for _ in 0..self.inner.endpoints.len() {
-            // A caller that gives up on this call (its own deadline, shorter than
-            // ours) while the member has not answered also moves us on; connecting
-            // counts: a member that cannot be connected to within a caller's
-            // deadline must not be tried again and again by every call.
-            let mut attempt = Attempt {
-                coordinator: self,
-                index: self.lock().index,
-                started: tokio::time::Instant::now(),
-                settled: false,
-            };
             let (index, client) = match self.client().await {
                 Ok(found) => found,
                 Err(detail) => {
-                    attempt.settled = true;
                     let index = self.lock().index;
                     failures.push(format!("{}: {detail}", self.inner.endpoints[index]));
                     self.failed(index);
                     continue;
                 }
             };
-            attempt.index = index;
+            // A caller that gives up on this call (its own deadline, shorter than
+            // ours) while the member has not answered also moves us on.
+            let mut attempt = Attempt {
+                coordinator: self,
+                index,
+                started: tokio::time::Instant::now(),
+                settled: false,
+            };
             let answer = tokio::time::timeout(self.inner.options.op_timeout, call(client)).await;
             attempt.settled = true;
             match answer {
