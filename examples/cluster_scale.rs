@@ -598,6 +598,14 @@ fn worker_main(args: &[String]) -> ExitCode {
         eprintln!("cluster_scale: {WORKER_FLAG} is for the run's own worker processes");
         return ExitCode::from(2);
     };
+    if std::env::var_os("RUST_LOG").is_some() {
+        // The library's own log, into the worker's log file, when asked for.
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_ansi(false)
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
     let recorder = match Recorder::create(
         &args.history,
         &format!("worker-{}-{}", args.id, std::process::id()),

@@ -1616,6 +1616,17 @@ m117() {
 EOF
 }
 
+m118() {
+  WHERE="cluster/worker/view.rs: reflect"
+  MUTANT="a listing that missed its deadline is tried again with the same deadline: one that never fits leaves the cache blind for good"
+  SUITE="--all-features --test cluster_promises a_listing_slower_than_the_call_deadline"
+  edit src/cluster/worker/view.rs <<'EOF'
+                list_deadline = (list_deadline * 2).min(op_timeout * LIST_DEADLINE_GROWTH);
+@@@@
+                let _ = LIST_DEADLINE_GROWTH;
+EOF
+}
+
 ALL=$(declare -F | awk '$3 ~ /^m[0-9]+$/ { print substr($3, 2) }' | sort -n | tr '\n' ' ')
 SELECTED=${MUTANTS:-$ALL}
 for n in $SELECTED; do

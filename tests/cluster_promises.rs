@@ -90,6 +90,7 @@ struct SlowAnswers {
     store: MemoryCoordinator,
     delay: Duration,
     txn_delay: Duration,
+    list_delay: Duration,
 }
 
 impl Coordinator for SlowAnswers {
@@ -110,7 +111,11 @@ impl Coordinator for SlowAnswers {
     }
 
     fn list(&self, prefix: String) -> BoxFuture<'_, Result<Listing, ClusterError>> {
-        self.store.list(prefix)
+        Box::pin(async move {
+            let answer = self.store.list(prefix).await;
+            tokio::time::sleep(self.list_delay).await;
+            answer
+        })
     }
 
     fn txn(&self, txn: Txn) -> BoxFuture<'_, Result<TxnResult, ClusterError>> {
@@ -145,6 +150,7 @@ async fn the_lease_deadline_counts_from_the_keep_alive_sent_not_answered() {
         store: store.clone(),
         delay: Duration::from_millis(500),
         txn_delay: Duration::ZERO,
+        list_delay: Duration::ZERO,
     };
     let joined = Instant::now();
     let worker = Worker::builder(slow, "sent", "w1")
@@ -1072,6 +1078,7 @@ async fn a_built_task_is_decided_at_once_not_at_the_next_wake_up() {
         store: store.clone(),
         delay: Duration::ZERO,
         txn_delay: Duration::from_millis(10),
+        list_delay: Duration::ZERO,
     };
     let worker = Worker::builder(slow, "built", "w1")
         // tokio's paused clock: only this runtime sees it.
@@ -1241,4 +1248,36 @@ async fn a_rest_report_sent_for_a_hand_over_outlives_a_rebuild_under_the_same_to
     assert!(probes.most() <= 1, "two runs of t alive at once");
     w1.shutdown().await.expect("shutdown w1");
     w2.shutdown().await.expect("shutdown w2");
+}
+
+/// A listing that does not fit one call's deadline is tried again with a longer
+/// one, not for ever with the same: with every listing answered 2.5 s late (a big
+/// prefix on a busy machine) and a call deadline of 1 s, the worker still lists,
+/// claims and runs a task.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_listing_slower_than_the_call_deadline_still_gets_through() {
+    let store = MemoryCoordinator::new();
+    let slow = SlowAnswers {
+        store: store.clone(),
+        delay: Duration::ZERO,
+        txn_delay: Duration::ZERO,
+        list_delay: Duration::from_millis(2_500),
+    };
+    let controller = Controller::new(store.clone(), "slowlist").expect("a controller");
+    controller
+        .create("t", Vec::new(), DesiredStage::Running)
+        .await
+        .expect("create");
+    let worker = Worker::builder(slow, "slowlist", "w1")
+        // tokio's paused clock: only this runtime sees it.
+        .lease_keeping(LeaseKeeping::SharedRuntime)
+        .op_timeout(Duration::from_secs(1))
+        .join(|spec| Ok(Task::builder(spec.task.as_str()).unit(Wait)))
+        .await
+        .expect("join on the in-memory store");
+    controller
+        .resume_within("t", Duration::from_secs(60))
+        .await
+        .expect("the worker never listed the task: every listing missed its deadline");
+    worker.shutdown().await.expect("shutdown");
 }

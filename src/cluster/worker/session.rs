@@ -68,7 +68,14 @@ impl Session {
             // answer with TTL > 0 moves the deadline, and it moves it to
             // sent + TTL·(1−ρ) − stop bound (decide::stop_at).
             let sent = inner.now_ms();
-            let timeout = inner.op_timeout.min(timing.keep_alive_every);
+            // Room for the store to fail over once: a member that does not answer
+            // (or cannot be connected to) within one call deadline is left inside
+            // the call, for the next one. A shorter deadline dropped the call
+            // before that, and the next keep-alive tried the same member again (an
+            // etcd leader frozen, in the fault suite). Safety does not depend on it:
+            // the guard enforces the deadlines the last answer set, however long
+            // this call takes.
+            let timeout = inner.op_timeout * 2;
             match within(timeout, "keep-alive", coord.keep_alive(inner.lease)).await {
                 Ok(KeepAlive::Alive { ttl }) => {
                     let ttl_ms = (ttl.as_millis() as u64).min(timing.ttl_ms);

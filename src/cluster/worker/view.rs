@@ -51,10 +51,14 @@ pub(super) enum Feed {
     },
 }
 
+/// How many call deadlines a listing may take at most, after failures.
+const LIST_DEADLINE_GROWTH: u32 = 32;
+
 /// Follows `prefix`: list, watch from the list, list again when the watch is lost.
 ///
 /// Bounded by the worker: it returns when `shutdown` is cancelled or the worker no
-/// longer listens. A failed list or watch is tried again after `retry`.
+/// longer listens. A failed list or watch is tried again after `retry`; a failed
+/// list with twice the deadline.
 pub(super) async fn reflect(
     coord: Arc<dyn Coordinator>,
     which: Prefix,
@@ -70,14 +74,23 @@ pub(super) async fn reflect(
             _ = tokio::time::sleep(retry) => true,
         }
     };
+    // A listing is many keys, in pages: on a busy machine (or a store far away) the
+    // whole of it may not fit one call's deadline, and a listing that never fits
+    // leaves the cache blind for good. Each failure doubles the deadline of the
+    // next try, up to LIST_DEADLINE_GROWTH call deadlines; a success resets it.
+    let mut list_deadline = op_timeout;
     loop {
         if shutdown.is_cancelled() {
             return;
         }
-        let listing = match within(op_timeout, "list", coord.list(prefix.clone())).await {
-            Ok(listing) => listing,
+        let listing = match within(list_deadline, "list", coord.list(prefix.clone())).await {
+            Ok(listing) => {
+                list_deadline = op_timeout;
+                listing
+            }
             Err(error) => {
-                tracing::debug!(%prefix, %error, "list failed; trying again");
+                tracing::debug!(%prefix, %error, ?list_deadline, "list failed; trying again");
+                list_deadline = (list_deadline * 2).min(op_timeout * LIST_DEADLINE_GROWTH);
                 if !pause().await {
                     return;
                 }
