@@ -1506,15 +1506,15 @@ EOF
 
 m108() {
   WHERE="cluster/worker/keeper.rs: Keeper::start"
-  MUTANT="the lease is kept on the joining runtime whatever was asked: units that block that runtime delay every keep-alive and the lease is lost"
+  MUTANT="the lease (and the worker's own store I/O) is kept on the joining runtime whatever was asked: units that block that runtime delay every keep-alive and the lease is lost"
   SUITE="--all-features --test cluster_overrun units_blocking_every_runtime_thread_cost_no_lease"
   edit src/cluster/worker/keeper.rs <<'EOF'
         match keeping {
-            LeaseKeeping::SharedRuntime => Ok(Keeper::Shared(tokio::spawn(loops))),
+            LeaseKeeping::SharedRuntime => Ok(Prepared {
 @@@@
         let _ = keeping;
         match LeaseKeeping::SharedRuntime {
-            LeaseKeeping::SharedRuntime => Ok(Keeper::Shared(tokio::spawn(loops))),
+            LeaseKeeping::SharedRuntime => Ok(Prepared {
 EOF
 }
 

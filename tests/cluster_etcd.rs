@@ -391,13 +391,25 @@ async fn losing_an_etcd_member_moves_the_worker_to_another() {
         "the pause was answered by {}",
         paused.stage
     );
+    let resumed = controller.resume_within("stream", WAIT).await.unwrap();
+    assert_eq!(resumed.owner.as_str(), "w1");
+    // The worker's own store I/O (its lease, cache and reports) runs on a
+    // connection of its own, which answered above; the units' fenced writes go
+    // through the application's connection, which must leave the dead member too.
+    let fencer = probes(&shared)
+        .fencers
+        .get(&("stream".to_owned(), "w1".to_owned()))
+        .cloned()
+        .expect("the unit's fencer");
+    fencer
+        .put_checkpoint("pos", b"1".to_vec())
+        .await
+        .expect("a unit's fenced write after the member was lost");
     assert_ne!(
         worker_coord.current_endpoint(),
         used,
-        "the worker stayed on a dead member"
+        "the worker's units stayed on a dead member"
     );
-    let resumed = controller.resume_within("stream", WAIT).await.unwrap();
-    assert_eq!(resumed.owner.as_str(), "w1");
     assert!(!w1.is_finished(), "the worker lost its lease with a member");
     no_overlaps(&shared);
     w1.shutdown().await.unwrap();

@@ -660,6 +660,10 @@ async fn run_in(
             .spawn()
             .map_err(io("start a worker process"))?;
         script.note(format!("started worker {} (pid {})", args.id, child.id()));
+        // The instant it exits is recorded: a worker thawed past its lease ends
+        // itself (status 75) rather than let its run outlive the lease, and leaves
+        // no drop for that run.
+        harness::overload::watch_exit(child.id(), Arc::clone(&script.recorder), |_| {});
         script.procs.push(Proc {
             id: args.id,
             child: ChildGuard::new(child),
@@ -803,6 +807,8 @@ async fn drive(script: &mut Script) -> Result<Duration, ClusterRunError> {
             (h.alive_runs_of(pid) == 0).then_some(())
         })
         .await?;
-    script.note(format!("{next}'s frozen run has ended (it fenced itself)"));
+    script.note(format!(
+        "{next}'s frozen run has ended (it fenced itself, or its process ended on the overrun)"
+    ));
     Ok(pause)
 }

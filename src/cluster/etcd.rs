@@ -56,6 +56,10 @@ struct Inner {
 struct Current {
     index: usize,
     client: Option<Client>,
+    /// When the current member last answered a call (with a value or an error of
+    /// its own): a member that answered within the last call deadline is not left
+    /// because one call of ours was slow.
+    answered: Option<tokio::time::Instant>,
 }
 
 impl std::fmt::Debug for EtcdCoordinator {
@@ -127,6 +131,7 @@ impl EtcdCoordinator {
                 current: Mutex::new(Current {
                     index: 0,
                     client: None,
+                    answered: None,
                 }),
             }),
         };
@@ -206,12 +211,46 @@ impl EtcdCoordinator {
         Ok((index, client))
     }
 
+    /// Records that member `index` answered a call.
+    fn answered(&self, index: usize) {
+        let mut current = self.lock();
+        if current.index == index {
+            current.answered = Some(tokio::time::Instant::now());
+        }
+    }
+
+    /// After a call to member `index` missed its deadline: moves to the next member
+    /// unless that member answered another call within the last call deadline. A
+    /// process too busy to read its answers in time (its runtime saturated, its
+    /// threads starved) sees every member as slow; leaving each in turn would only
+    /// add a connection's set-up to every call. A member that hangs answers nothing,
+    /// and is left one call deadline after its last answer.
+    fn timed_out(&self, index: usize) {
+        if !self.answered_recently(index) {
+            self.failed(index);
+        }
+    }
+
+    /// Whether member `index` is the current one and answered a call within the
+    /// last call deadline.
+    fn answered_recently(&self, index: usize) -> bool {
+        let current = self.lock();
+        current.index == index
+            && current
+                .answered
+                .is_some_and(|at| at.elapsed() < self.inner.options.op_timeout)
+    }
+
     /// Moves to the next member after member `index` failed.
     fn failed(&self, index: usize) {
         let mut current = self.lock();
         if current.index == index {
             current.index = (index + 1) % self.inner.endpoints.len();
             current.client = None;
+            // The next member gets one call deadline before a timeout may leave it
+            // too: at most one move per call deadline on timeouts, however many
+            // calls a busy process lets time out at once.
+            current.answered = Some(tokio::time::Instant::now());
             tracing::debug!(
                 failed = %self.inner.endpoints[index],
                 next = %self.inner.endpoints[current.index],
@@ -250,23 +289,31 @@ impl EtcdCoordinator {
             let answer = tokio::time::timeout(self.inner.options.op_timeout, call(client)).await;
             attempt.settled = true;
             match answer {
-                Ok(Ok(value)) => return Ok(value),
+                Ok(Ok(value)) => {
+                    self.answered(index);
+                    return Ok(value);
+                }
                 Ok(Err(error)) if is_unavailable(&error) => {
                     failures.push(format!("{}: {error}", self.inner.endpoints[index]));
                     self.failed(index);
                 }
                 Ok(Err(error)) => {
+                    self.answered(index);
                     return Err(ClusterError::Store {
                         op,
                         detail: error.to_string(),
-                    })
+                    });
                 }
                 Err(_) => {
                     failures.push(format!(
                         "{}: no answer within {:?}",
                         self.inner.endpoints[index], self.inner.options.op_timeout
                     ));
-                    self.failed(index);
+                    self.timed_out(index);
+                    if self.lock().index == index {
+                        // Kept: the member answers others. This call is over.
+                        break;
+                    }
                 }
             }
         }
@@ -293,7 +340,7 @@ const SUSPECT_AFTER: Duration = Duration::from_millis(200);
 impl Drop for Attempt<'_> {
     fn drop(&mut self) {
         if !self.settled && self.started.elapsed() >= SUSPECT_AFTER {
-            self.coordinator.failed(self.index);
+            self.coordinator.timed_out(self.index);
         }
     }
 }
@@ -301,11 +348,27 @@ impl Drop for Attempt<'_> {
 /// The most keys one page of a listing asks for.
 const LIST_PAGE: i64 = 2_000;
 
+/// The fewest keys a page of a listing shrinks to.
+const LIST_PAGE_MIN: i64 = 8;
+
+/// Whether a page of a listing failed in a way a smaller page may not: it missed
+/// its deadline, or its answer was larger than a message may be.
+fn page_too_large(error: &ClusterError) -> bool {
+    match error {
+        ClusterError::Unreachable { .. } => true,
+        ClusterError::Store { detail, .. } => {
+            detail.contains("too large") || detail.contains("larger than")
+        }
+        _ => false,
+    }
+}
+
 /// How many watch messages may wait for the watcher.
 const WATCH_BUFFER: usize = 64;
 
 /// How often a quiet watch asks its member for a progress notice; a member that
-/// sends nothing for two periods has lost the watch.
+/// sends nothing for two periods, and answers no other call meanwhile, has lost
+/// the watch.
 const WATCH_PROGRESS_EVERY: Duration = Duration::from_secs(2);
 
 /// How often a watch checks that the coordinator still talks to its member.
@@ -379,7 +442,10 @@ async fn forward_watch(
                 }
             }
             _ = ticker.tick() => {
-                if !heard {
+                // A member that answers other calls is alive: a silent watch then
+                // means this process was too busy to read it, and listing again
+                // would only add work.
+                if !heard && !coordinator.answered_recently(index) {
                     coordinator.failed(index);
                     let _ = tx.send(lost(format!(
                         "{}: no watch progress within {:?}",
@@ -478,6 +544,7 @@ impl Coordinator for EtcdCoordinator {
                 current: Mutex::new(Current {
                     index: self.lock().index,
                     client: None,
+                    answered: None,
                 }),
             }),
         }))
@@ -555,24 +622,36 @@ impl Coordinator for EtcdCoordinator {
         Box::pin(async move {
             // Paged: at most LIST_PAGE keys a request, every page read at the first
             // page's revision, so the listing is one consistent read however large.
+            // A page that misses its deadline (a busy process decodes it too slowly)
+            // or is larger than a message may be is asked again a quarter as large,
+            // down to LIST_PAGE_MIN keys.
             let end = prefix_end(prefix.as_bytes());
             let mut from = prefix.clone().into_bytes();
             let mut revision = 0;
             let mut kvs = Vec::new();
-            // Bounded: each page moves `from` past the last key read.
+            let mut page = LIST_PAGE;
+            // Bounded: each page moves `from` past the last key read, and each retry
+            // of a page shrinks it, down to LIST_PAGE_MIN.
             loop {
-                let mut options = GetOptions::new()
-                    .with_range(end.clone())
-                    .with_limit(LIST_PAGE);
+                let mut options = GetOptions::new().with_range(end.clone()).with_limit(page);
                 if revision > 0 {
                     options = options.with_revision(revision);
                 }
-                let response = self
+                let answer = self
                     .call("list", |mut c| {
                         let (from, options) = (from.clone(), options.clone());
                         async move { c.get(from, Some(options)).await }
                     })
-                    .await?;
+                    .await;
+                let response = match answer {
+                    Ok(response) => response,
+                    Err(error) if page > LIST_PAGE_MIN && page_too_large(&error) => {
+                        page = (page / 4).max(LIST_PAGE_MIN);
+                        tracing::debug!(%prefix, page, %error, "listing in smaller pages");
+                        continue;
+                    }
+                    Err(error) => return Err(error),
+                };
                 if revision == 0 {
                     revision = response.header().map_or(0, |h| h.revision());
                 }

@@ -8,7 +8,9 @@
 //! a deadline timer there fires late. On its own thread, with a current-thread
 //! runtime of its own and a connection of its own to the store
 //! ([`Coordinator::fresh_connection`](crate::cluster::Coordinator::fresh_connection)),
-//! the session and the guard need only the OS to schedule one thread.
+//! the session and the guard need only the OS to schedule one thread. The worker's
+//! other store I/O that keeps its cache fresh (the listings and watches) runs there
+//! too: a worker whose runtime its units saturate still learns of a pause.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -37,24 +39,29 @@ impl std::fmt::Debug for Keeper {
     }
 }
 
-impl Keeper {
-    /// Starts `loops` where `keeping` says. On a thread, the thread ends when
-    /// `loops` does (each loop ends with the worker's shutdown token, the guard
-    /// once the runs it watches are gone or the lease ran out).
+/// The runtime the keeper will run on, made before the loops that run there.
+pub(super) struct Prepared {
+    /// The lease thread's own runtime; `None` on the joining runtime.
+    runtime: Option<tokio::runtime::Runtime>,
+    /// Where the worker's own store I/O runs (the keep-alives, and the watches and
+    /// listings that feed its cache): tasks spawned here are run by the lease
+    /// thread while it runs the session and the guard.
+    pub(super) handle: tokio::runtime::Handle,
+}
+
+impl Prepared {
+    /// The runtime for `keeping`: a new current-thread one for the lease thread,
+    /// or the joining one.
     ///
     /// # Errors
     ///
-    /// [`ClusterError::Store`] when the thread or its runtime could not be made.
-    pub(super) fn start<F>(
-        keeping: LeaseKeeping,
-        name: String,
-        loops: F,
-    ) -> Result<Keeper, ClusterError>
-    where
-        F: Future<Output = ()> + Send + 'static,
-    {
+    /// [`ClusterError::Store`] when the runtime could not be made.
+    pub(super) fn new(keeping: LeaseKeeping) -> Result<Prepared, ClusterError> {
         match keeping {
-            LeaseKeeping::SharedRuntime => Ok(Keeper::Shared(tokio::spawn(loops))),
+            LeaseKeeping::SharedRuntime => Ok(Prepared {
+                runtime: None,
+                handle: tokio::runtime::Handle::current(),
+            }),
             LeaseKeeping::OwnThread => {
                 let runtime = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
@@ -63,6 +70,35 @@ impl Keeper {
                         op: "lease thread",
                         detail: format!("could not build its runtime: {e}"),
                     })?;
+                let handle = runtime.handle().clone();
+                Ok(Prepared {
+                    runtime: Some(runtime),
+                    handle,
+                })
+            }
+        }
+    }
+}
+
+impl Keeper {
+    /// Starts `loops` on the prepared runtime. On a thread, the thread ends when
+    /// `loops` does (each loop ends with the worker's shutdown token, the guard
+    /// once the runs it watches are gone or the lease ran out).
+    ///
+    /// # Errors
+    ///
+    /// [`ClusterError::Store`] when the thread could not be started.
+    pub(super) fn start<F>(
+        prepared: Prepared,
+        name: String,
+        loops: F,
+    ) -> Result<Keeper, ClusterError>
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        match prepared.runtime {
+            None => Ok(Keeper::Shared(tokio::spawn(loops))),
+            Some(runtime) => {
                 let (done_tx, done_rx) = oneshot::channel();
                 std::thread::Builder::new()
                     .name(name)

@@ -366,7 +366,17 @@ impl WorkerBuilder {
         });
         let shutdown = CancellationToken::new();
         let (wake, wake_rx) = mpsc::unbounded_channel();
+        let prepared = match keeper::Prepared::new(self.lease_keeping) {
+            Ok(prepared) => prepared,
+            Err(error) => {
+                let _ = within(op_timeout, "lease revoke", self.coord.revoke(grant.id)).await;
+                return Err(error);
+            }
+        };
+        let control_coord = keeper::lease_coordinator(self.lease_keeping, &self.coord);
         let inner = Arc::new(Inner {
+            control: prepared.handle.clone(),
+            control_coord: Arc::clone(&control_coord),
             coord: self.coord,
             keys,
             id: id.clone(),
@@ -385,16 +395,11 @@ impl WorkerBuilder {
             view: Mutex::new(BTreeMap::new()),
             lease_state: lease_tx,
         });
-        let session = Session::run(
-            Arc::clone(&inner),
-            keeper::lease_coordinator(self.lease_keeping, &inner.coord),
-            timing,
-            shutdown.clone(),
-        );
+        let session = Session::run(Arc::clone(&inner), control_coord, timing, shutdown.clone());
         let guard = (!inner.unfenced)
             .then(|| guard::guard(Arc::clone(&inner), lease_rx.clone(), shutdown.clone()));
         let keeper = Keeper::start(
-            self.lease_keeping,
+            prepared,
             format!("taskstage-lease-{id}"),
             keeper::both(session, async move {
                 if let Some(guard) = guard {
@@ -427,6 +432,11 @@ impl WorkerBuilder {
 
 struct Inner {
     coord: Arc<dyn Coordinator>,
+    /// Where the worker's own store I/O runs: the lease thread's runtime (or the
+    /// joining one, under [`LeaseKeeping::SharedRuntime`]).
+    control: tokio::runtime::Handle,
+    /// The store, on the connection that runtime drives.
+    control_coord: Arc<dyn Coordinator>,
     keys: Keys,
     id: WorkerId,
     lease: i64,
@@ -472,6 +482,20 @@ impl Inner {
     fn fencer(&self, token: FenceToken) -> Fencer {
         Fencer::new(
             Arc::clone(&self.coord),
+            self.keys.clone(),
+            token,
+            self.wake.clone(),
+            self.op_timeout,
+            self.unfenced,
+        )
+    }
+
+    /// A fencer for `token` on the worker's own connection, for the reconcile
+    /// loop's writes (reports, releases, confirmations): they do not wait for the
+    /// application's runtime. The units get [`Inner::fencer`]'s.
+    fn control_fencer(&self, token: FenceToken) -> Fencer {
+        Fencer::new(
+            Arc::clone(&self.control_coord),
             self.keys.clone(),
             token,
             self.wake.clone(),

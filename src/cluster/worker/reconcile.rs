@@ -45,6 +45,9 @@ struct Slot {
 struct Running {
     handle: Handle,
     fencer: Fencer,
+    /// The same token on the worker's own connection, for the loop's reports and
+    /// releases.
+    control: Fencer,
     /// The desired revision last resumed or paused for.
     acted: Option<i64>,
     /// Paused for a hand-over since the last resume.
@@ -148,8 +151,10 @@ pub(super) async fn reconcile(
         (Prefix::Tasks, inner.keys.tasks()),
         (Prefix::Workers, inner.keys.workers()),
     ] {
-        tokio::spawn(reflect(
-            Arc::clone(&inner.coord),
+        // On the lease thread's runtime, with its connection: the cache stays fresh
+        // however busy the units keep this runtime.
+        inner.control.spawn(reflect(
+            Arc::clone(&inner.control_coord),
             which,
             prefix,
             inner.op_timeout,
@@ -520,7 +525,7 @@ impl Reconciler {
                     }],
                 };
                 self.claiming += 1;
-                let coord = Arc::clone(&inner.coord);
+                let coord = Arc::clone(&inner.control_coord);
                 let timeout = inner.op_timeout;
                 self.start(task, async move {
                     Done::Claimed(within(timeout, "claim", coord.txn(txn)).await)
@@ -541,7 +546,7 @@ impl Reconciler {
                             lease: inner.lease,
                             revision: kv.create_revision,
                         };
-                        let fencer = inner.fencer(token.clone());
+                        let fencer = inner.control_fencer(token.clone());
                         self.start(task, async move {
                             let result = fencer.fenced(Vec::new()).await;
                             Done::Confirmed { token, result }
@@ -577,7 +582,7 @@ impl Reconciler {
                             self.unbuildable.insert(task.clone(), rev);
                         }
                         self.forget(task);
-                        let fencer = inner.fencer(token);
+                        let fencer = inner.control_fencer(token);
                         let key = inner.keys.owner(task);
                         let ops = vec![Op::Delete { key: key.clone() }];
                         self.start(task, async move {
@@ -661,7 +666,7 @@ impl Reconciler {
                     value: value.clone(),
                     lease: None,
                 }];
-                let fencer = running.fencer.clone();
+                let fencer = running.control.clone();
                 self.start(task, async move {
                     let result = fencer.fenced(ops).await;
                     Done::Published { key, value, result }
@@ -677,7 +682,7 @@ impl Reconciler {
                 };
                 let key = inner.keys.owner(task);
                 let ops = vec![Op::Delete { key: key.clone() }];
-                let fencer = running.fencer.clone();
+                let fencer = running.control.clone();
                 self.start(task, async move {
                     let result = fencer.fenced(ops).await;
                     Done::Released { key, result }
@@ -718,7 +723,11 @@ impl Reconciler {
         action: impl std::future::Future<Output = Done> + Send + 'static,
     ) {
         let about = task.clone();
-        let handle = self.actions.spawn(async move { (about, action.await) });
+        // On the lease thread's runtime: the store round trip does not wait for
+        // this one.
+        let handle = self
+            .actions
+            .spawn_on(async move { (about, action.await) }, &self.inner.control);
         self.action_tasks.insert(handle.id(), task.clone());
         self.queue.start(task.clone());
     }
@@ -980,6 +989,7 @@ fn build(
         task: task.clone(),
         reason: "the task has no spec".into(),
     })?;
+    let control = inner.control_fencer(token.clone());
     let fencer = inner.fencer(token);
     let request = TaskSpec {
         task: task.clone(),
@@ -1024,6 +1034,7 @@ fn build(
     Ok(Running {
         handle,
         fencer,
+        control,
         acted: None,
         yielded: false,
         stopping: None,
