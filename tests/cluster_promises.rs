@@ -22,6 +22,57 @@ use taskstage::cluster::{
 use taskstage::{RunContext, RunError, RunExit, Stage, Task, Unit};
 use tokio::time::Instant;
 
+/// The methods of [`Coordinator`] that a test wrapper hands to its `store` as they
+/// are, named in any order: each wrapper writes out only what it changes.
+macro_rules! pass_to_store {
+    () => {};
+    (grant $(, $rest:ident)*) => {
+        fn grant(&self, ttl: Duration) -> BoxFuture<'_, Result<Grant, ClusterError>> {
+            self.store.grant(ttl)
+        }
+        pass_to_store!($($rest),*);
+    };
+    (keep_alive $(, $rest:ident)*) => {
+        fn keep_alive(&self, lease: i64) -> BoxFuture<'_, Result<KeepAlive, ClusterError>> {
+            self.store.keep_alive(lease)
+        }
+        pass_to_store!($($rest),*);
+    };
+    (revoke $(, $rest:ident)*) => {
+        fn revoke(&self, lease: i64) -> BoxFuture<'_, Result<(), ClusterError>> {
+            self.store.revoke(lease)
+        }
+        pass_to_store!($($rest),*);
+    };
+    (list $(, $rest:ident)*) => {
+        fn list(&self, prefix: String) -> BoxFuture<'_, Result<Listing, ClusterError>> {
+            self.store.list(prefix)
+        }
+        pass_to_store!($($rest),*);
+    };
+    (watch $(, $rest:ident)*) => {
+        fn watch(
+            &self,
+            prefix: String,
+            from: i64,
+        ) -> BoxFuture<'_, Result<WatchStream, ClusterError>> {
+            self.store.watch(prefix, from)
+        }
+        pass_to_store!($($rest),*);
+    };
+    (wait_change $(, $rest:ident)*) => {
+        fn wait_change(
+            &self,
+            prefix: String,
+            after: i64,
+            timeout: Duration,
+        ) -> BoxFuture<'_, Result<(), ClusterError>> {
+            self.store.wait_change(prefix, after, timeout)
+        }
+        pass_to_store!($($rest),*);
+    };
+}
+
 /// A run that waits for its cancellation.
 struct Wait;
 
@@ -94,9 +145,7 @@ struct SlowAnswers {
 }
 
 impl Coordinator for SlowAnswers {
-    fn grant(&self, ttl: Duration) -> BoxFuture<'_, Result<Grant, ClusterError>> {
-        self.store.grant(ttl)
-    }
+    pass_to_store!(grant, revoke, watch, wait_change);
 
     fn keep_alive(&self, lease: i64) -> BoxFuture<'_, Result<KeepAlive, ClusterError>> {
         Box::pin(async move {
@@ -104,10 +153,6 @@ impl Coordinator for SlowAnswers {
             tokio::time::sleep(self.delay).await;
             answer
         })
-    }
-
-    fn revoke(&self, lease: i64) -> BoxFuture<'_, Result<(), ClusterError>> {
-        self.store.revoke(lease)
     }
 
     fn list(&self, prefix: String) -> BoxFuture<'_, Result<Listing, ClusterError>> {
@@ -124,19 +169,6 @@ impl Coordinator for SlowAnswers {
             tokio::time::sleep(self.txn_delay).await;
             answer
         })
-    }
-
-    fn watch(&self, prefix: String, from: i64) -> BoxFuture<'_, Result<WatchStream, ClusterError>> {
-        self.store.watch(prefix, from)
-    }
-
-    fn wait_change(
-        &self,
-        prefix: String,
-        after: i64,
-        timeout: Duration,
-    ) -> BoxFuture<'_, Result<(), ClusterError>> {
-        self.store.wait_change(prefix, after, timeout)
     }
 }
 
@@ -214,21 +246,7 @@ impl Racing {
 }
 
 impl Coordinator for Racing {
-    fn grant(&self, ttl: Duration) -> BoxFuture<'_, Result<Grant, ClusterError>> {
-        self.store.grant(ttl)
-    }
-
-    fn keep_alive(&self, lease: i64) -> BoxFuture<'_, Result<KeepAlive, ClusterError>> {
-        self.store.keep_alive(lease)
-    }
-
-    fn revoke(&self, lease: i64) -> BoxFuture<'_, Result<(), ClusterError>> {
-        self.store.revoke(lease)
-    }
-
-    fn list(&self, prefix: String) -> BoxFuture<'_, Result<Listing, ClusterError>> {
-        self.store.list(prefix)
-    }
+    pass_to_store!(grant, keep_alive, revoke, list, watch, wait_change);
 
     fn txn(&self, txn: Txn) -> BoxFuture<'_, Result<TxnResult, ClusterError>> {
         Box::pin(async move {
@@ -253,19 +271,6 @@ impl Coordinator for Racing {
             }
             self.store.txn(txn).await
         })
-    }
-
-    fn watch(&self, prefix: String, from: i64) -> BoxFuture<'_, Result<WatchStream, ClusterError>> {
-        self.store.watch(prefix, from)
-    }
-
-    fn wait_change(
-        &self,
-        prefix: String,
-        after: i64,
-        timeout: Duration,
-    ) -> BoxFuture<'_, Result<(), ClusterError>> {
-        self.store.wait_change(prefix, after, timeout)
     }
 }
 
@@ -883,21 +888,7 @@ impl LostAnswer {
 }
 
 impl Coordinator for LostAnswer {
-    fn grant(&self, ttl: Duration) -> BoxFuture<'_, Result<Grant, ClusterError>> {
-        self.store.grant(ttl)
-    }
-
-    fn keep_alive(&self, lease: i64) -> BoxFuture<'_, Result<KeepAlive, ClusterError>> {
-        self.store.keep_alive(lease)
-    }
-
-    fn revoke(&self, lease: i64) -> BoxFuture<'_, Result<(), ClusterError>> {
-        self.store.revoke(lease)
-    }
-
-    fn list(&self, prefix: String) -> BoxFuture<'_, Result<Listing, ClusterError>> {
-        self.store.list(prefix)
-    }
+    pass_to_store!(grant, keep_alive, revoke, list, wait_change);
 
     fn txn(&self, txn: Txn) -> BoxFuture<'_, Result<TxnResult, ClusterError>> {
         Box::pin(async move {
@@ -935,15 +926,6 @@ impl Coordinator for LostAnswer {
             let inner = self.store.watch(prefix, from).await?;
             Ok(cluster_support::held_back(inner, self.lagging.subscribe()))
         })
-    }
-
-    fn wait_change(
-        &self,
-        prefix: String,
-        after: i64,
-        timeout: Duration,
-    ) -> BoxFuture<'_, Result<(), ClusterError>> {
-        self.store.wait_change(prefix, after, timeout)
     }
 }
 
@@ -1129,9 +1111,7 @@ impl CutAfterRest {
 }
 
 impl Coordinator for CutAfterRest {
-    fn grant(&self, ttl: Duration) -> BoxFuture<'_, Result<Grant, ClusterError>> {
-        self.store.grant(ttl)
-    }
+    pass_to_store!(grant, watch, wait_change);
 
     fn keep_alive(&self, lease: i64) -> BoxFuture<'_, Result<KeepAlive, ClusterError>> {
         Box::pin(async move {
@@ -1171,19 +1151,6 @@ impl Coordinator for CutAfterRest {
             }
             answer
         })
-    }
-
-    fn watch(&self, prefix: String, from: i64) -> BoxFuture<'_, Result<WatchStream, ClusterError>> {
-        self.store.watch(prefix, from)
-    }
-
-    fn wait_change(
-        &self,
-        prefix: String,
-        after: i64,
-        timeout: Duration,
-    ) -> BoxFuture<'_, Result<(), ClusterError>> {
-        self.store.wait_change(prefix, after, timeout)
     }
 }
 
