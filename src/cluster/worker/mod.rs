@@ -478,10 +478,16 @@ impl Inner {
         self.epoch + Duration::from_millis(ms)
     }
 
-    /// A fencer for `token`, the only way the worker makes one.
+    /// A fencer for `token` on the application's connection, for the units.
     fn fencer(&self, token: FenceToken) -> Fencer {
+        self.fencer_on(&self.coord, token)
+    }
+
+    /// A fencer for `token` on `coord`: one of the two ways in, the only place a
+    /// fencer is made.
+    fn fencer_on(&self, coord: &Arc<dyn Coordinator>, token: FenceToken) -> Fencer {
         Fencer::new(
-            Arc::clone(&self.coord),
+            Arc::clone(coord),
             self.keys.clone(),
             token,
             self.wake.clone(),
@@ -494,14 +500,7 @@ impl Inner {
     /// loop's writes (reports, releases, confirmations): they do not wait for the
     /// application's runtime. The units get [`Inner::fencer`]'s.
     fn control_fencer(&self, token: FenceToken) -> Fencer {
-        Fencer::new(
-            Arc::clone(&self.control_coord),
-            self.keys.clone(),
-            token,
-            self.wake.clone(),
-            self.op_timeout,
-            self.unfenced,
-        )
+        self.fencer_on(&self.control_coord, token)
     }
 
     /// The handles of the local tasks the view holds. They stay in the view: the
