@@ -510,11 +510,16 @@ async fn a_keep_alive_answers_with_the_stores_ttl_or_expired() {
     for asked in [Duration::from_secs(7), Duration::from_secs(11)] {
         let grant = coord.grant(asked).await.expect("a lease");
         assert_eq!(grant.ttl, asked);
-        assert_eq!(
-            other.keep_alive(grant.id).await.expect("an answer"),
-            KeepAlive::Alive { ttl: asked },
-            "the keep-alive of a {asked:?} lease"
-        );
+        match other.keep_alive(grant.id).await.expect("an answer") {
+            KeepAlive::Alive { ttl, revision } => {
+                assert_eq!(ttl, asked, "the keep-alive of a {asked:?} lease");
+                assert!(
+                    revision > 0,
+                    "a keep-alive answer names the store's revision"
+                );
+            }
+            KeepAlive::Expired => panic!("the keep-alive of a {asked:?} lease: expired"),
+        }
         coord.revoke(grant.id).await.expect("revoked");
         assert_eq!(
             other.keep_alive(grant.id).await.expect("an answer"),
@@ -630,7 +635,7 @@ async fn a_keep_alive_of_a_lease_that_no_longer_exists_is_expired() {
     assert!(
         matches!(
             coord.keep_alive(grant.id).await,
-            Ok(KeepAlive::Alive { ttl }) if ttl > Duration::ZERO
+            Ok(KeepAlive::Alive { ttl, .. }) if ttl > Duration::ZERO
         ),
         "a live lease's keep-alive"
     );

@@ -1248,3 +1248,269 @@ async fn a_listing_slower_than_the_call_deadline_still_gets_through() {
         .expect("the worker never listed the task: every listing missed its deadline");
     worker.shutdown().await.expect("shutdown");
 }
+
+/// What the runs of every task did, across workers: how many are alive per task
+/// (and the most ever at once), and every start with its worker and token.
+#[derive(Clone, Default)]
+struct Runs(Arc<std::sync::Mutex<RunsState>>);
+
+#[derive(Default)]
+struct RunsState {
+    alive: std::collections::BTreeMap<String, Vec<String>>,
+    most: usize,
+    overlaps: Vec<String>,
+    starts: Vec<(String, String, i64)>,
+}
+
+impl Runs {
+    fn state(&self) -> std::sync::MutexGuard<'_, RunsState> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The tasks with a live run, and where.
+    fn live(&self) -> std::collections::BTreeMap<String, Vec<String>> {
+        let state = self.state();
+        state
+            .alive
+            .iter()
+            .filter(|(_, on)| !on.is_empty())
+            .map(|(task, on)| (task.clone(), on.clone()))
+            .collect()
+    }
+
+    /// The highest token each task's runs were handed so far.
+    fn highest_tokens(&self) -> std::collections::BTreeMap<String, i64> {
+        let mut highest = std::collections::BTreeMap::new();
+        for (task, _, token) in &self.state().starts {
+            let entry = highest.entry(task.clone()).or_insert(*token);
+            *entry = (*entry).max(*token);
+        }
+        highest
+    }
+}
+
+/// A run that records itself in [`Runs`] while its future lives; a cancelled run
+/// takes 250 ms to wind down.
+struct Tracked {
+    task: String,
+    worker: String,
+    token: i64,
+    runs: Runs,
+}
+
+struct Untrack(Runs, String, String);
+
+impl Drop for Untrack {
+    fn drop(&mut self) {
+        let mut state = self.0.state();
+        if let Some(on) = state.alive.get_mut(&self.1) {
+            if let Some(at) = on.iter().position(|w| *w == self.2) {
+                on.remove(at);
+            }
+        }
+    }
+}
+
+impl Unit for Tracked {
+    async fn run(&mut self, ctx: RunContext) -> Result<RunExit, RunError> {
+        {
+            let mut state = self.runs.state();
+            state
+                .starts
+                .push((self.task.clone(), self.worker.clone(), self.token));
+            let on = state.alive.entry(self.task.clone()).or_default();
+            on.push(self.worker.clone());
+            let now = on.len();
+            if now > 1 {
+                let line = format!("{}: {:?}", self.task, on);
+                state.overlaps.push(line);
+            }
+            state.most = state.most.max(now);
+        }
+        let _untrack = Untrack(self.runs.clone(), self.task.clone(), self.worker.clone());
+        ctx.cancelled().await;
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        Ok(RunExit::Cancelled)
+    }
+}
+
+const RESTORE_TTL: Duration = Duration::from_secs(2);
+
+async fn join_tracked(store: &MemoryCoordinator, id: &str, runs: &Runs) -> Worker {
+    let (worker, runs) = (id.to_owned(), runs.clone());
+    Worker::builder(store.clone(), "restore", id)
+        // tokio's paused clock: only this runtime sees it.
+        .lease_keeping(LeaseKeeping::SharedRuntime)
+        .ttl(RESTORE_TTL)
+        .stop_bound(Duration::from_millis(600))
+        .resync(Duration::from_millis(200))
+        .op_timeout(Duration::from_secs(1))
+        .join(move |spec| {
+            Ok(Task::builder(spec.task.as_str()).unit(Tracked {
+                task: spec.task.as_str().to_owned(),
+                worker: worker.clone(),
+                token: spec.fencer.token().revision,
+                runs: runs.clone(),
+            }))
+        })
+        .await
+        .expect("join on the in-memory store")
+}
+
+/// The store restored from a backup taken before a pause, a resume and a takeover
+/// (`bump` 0: its revision goes back, as etcd 3.4's restore does; `bump` > 0: it
+/// moves forward and the history is marked compacted). What the store says after
+/// the restore is the truth from then on: a worker that cached the world after the
+/// backup must not go on deciding from it.
+async fn restore_from_a_backup(bump: i64, other_writes: usize) {
+    let store = MemoryCoordinator::new();
+    let runs = Runs::default();
+    let w1 = join_tracked(&store, "w1", &runs).await;
+    let w2 = join_tracked(&store, "w2", &runs).await;
+    let controller = Controller::new(store.clone(), "restore").expect("a controller");
+    let tasks: Vec<String> = (0..6).map(|i| format!("t{i}")).collect();
+    for task in &tasks {
+        controller
+            .create(task, Vec::new(), DesiredStage::Running)
+            .await
+            .expect("create");
+    }
+    // t5 is Paused in the backup, Running after it.
+    controller
+        .pause_within("t5", Duration::from_secs(10))
+        .await
+        .expect("pause t5");
+    eventually(Duration::from_secs(10), "every other task runs", || {
+        (runs.live().len() == 5).then_some(())
+    })
+    .await;
+    let snapshot = store.snapshot();
+
+    // After the backup: t5 resumed, t0 paused and resumed, w1 gone and its tasks
+    // taken over by w2.
+    controller
+        .resume_within("t5", Duration::from_secs(10))
+        .await
+        .expect("resume t5");
+    controller
+        .pause_within("t0", Duration::from_secs(10))
+        .await
+        .expect("pause t0");
+    controller
+        .resume_within("t0", Duration::from_secs(10))
+        .await
+        .expect("resume t0");
+    w1.crash().await;
+    eventually(Duration::from_secs(10), "w2 runs every task", || {
+        let live = runs.live();
+        (live.len() == 6 && live.values().all(|on| on == &["w2".to_owned()])).then_some(())
+    })
+    .await;
+    let before = runs.highest_tokens();
+    let started_before = runs.state().starts.len();
+
+    store.restore(&snapshot, bump);
+    let restored = Instant::now();
+    // Other writers on the same store move its revision on, below what w2 saw.
+    for i in 0..other_writes {
+        let put = Txn {
+            when: vec![],
+            then: vec![Op::Put {
+                key: format!("elsewhere/{i}"),
+                value: b"x".to_vec(),
+                lease: None,
+            }],
+        };
+        store.txn(put).await.expect("another writer's put");
+    }
+    // A worker that starts after the restore, knowing nothing of before.
+    let w3 = join_tracked(&store, "w3", &runs).await;
+    // w2 notices (its revision going back, or with a bump its cache's keys going
+    // back), stops its runs and ends, naming why; the application joins again.
+    let mut w2 = w2;
+    let ended = tokio::time::timeout(RESTORE_TTL * 5, w2.closed())
+        .await
+        .expect("w2 ends once it sees the store's history replaced");
+    assert!(
+        matches!(ended, Err(ClusterError::HistoryReplaced { .. })),
+        "w2 ended with {ended:?}"
+    );
+    drop(w2);
+    let w2 = join_tracked(&store, "w2", &runs).await;
+
+    // The restored desired stages are the truth: t5 is Paused, the rest run.
+    let bound = RESTORE_TTL + Duration::from_secs(10);
+    eventually(bound, "t0..t4 run again and t5 is paused", || {
+        let live = runs.live();
+        let running: Vec<&String> = live.keys().collect();
+        (running == tasks[..5].iter().collect::<Vec<_>>()).then_some(())
+    })
+    .await;
+    // Every report is its current owner's, says what is true, and stays so.
+    let end = restored + bound;
+    // Bounded by `end`.
+    loop {
+        let mut wrong = Vec::new();
+        for task in &tasks {
+            let status = controller.status(task).await.expect("status");
+            let observed = status.current_observed().map(|o| o.stage);
+            // A task built while its desired stage is Paused is at rest in New.
+            let at_rest = matches!(observed, Some(Stage::New | Stage::Paused));
+            let right = if task == "t5" {
+                at_rest
+            } else {
+                observed == Some(Stage::Running)
+            };
+            let live = runs.live().contains_key(task);
+            if !right || live != (task != "t5") {
+                wrong.push(format!("{task}: reported {observed:?}, live run: {live}"));
+            }
+        }
+        if wrong.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < end,
+            "not settled {bound:?} after the restore: {wrong:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        restored.elapsed() <= bound,
+        "converged {:?} after the restore",
+        restored.elapsed()
+    );
+    let state = runs.state();
+    assert_eq!(
+        state.most, 1,
+        "two live runs of one task: {:?}",
+        state.overlaps
+    );
+    for (task, worker, token) in &state.starts[started_before..] {
+        assert!(
+            *token > before[task],
+            "{worker} ran {task} under token {token}, below {} handed out before the restore",
+            before[task]
+        );
+    }
+    drop(state);
+    w2.shutdown().await.expect("w2 shuts down");
+    w3.shutdown().await.expect("w3 shuts down");
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_store_restored_with_its_revision_going_back_is_noticed_and_survived() {
+    restore_from_a_backup(0, 0).await;
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_restore_with_other_writers_moving_the_revision_on_is_noticed_and_survived() {
+    restore_from_a_backup(0, 40).await;
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_store_restored_with_a_revision_bump_is_survived() {
+    restore_from_a_backup(1_000, 0).await;
+}

@@ -11,6 +11,7 @@ use super::coord::{
 };
 use super::error::ClusterError;
 use super::fence::within;
+use super::history::{Checked, History};
 use super::keys::{parse_owner_value, DesiredStage, Keys, ObservedStatus, TaskId, WorkerId};
 
 /// How long [`Controller::pause`], [`Controller::resume`] and [`Controller::stop`]
@@ -100,8 +101,12 @@ impl Controller {
     ///
     /// [`ClusterError::InvalidPrefix`] for an empty prefix or one with whitespace.
     pub fn new(coordinator: impl Coordinator, prefix: &str) -> Result<Self, ClusterError> {
+        // A command that meets a store whose revision went back (its history was
+        // replaced) answers ClusterError::HistoryReplaced; the next one reads the
+        // new history.
+        let checked = Checked::new(Arc::new(coordinator), History::new(false));
         Ok(Controller {
-            coord: Arc::new(coordinator),
+            coord: Arc::new(checked),
             keys: Keys::new(prefix)?,
             op_timeout: Duration::from_secs(2),
             poll: Duration::from_millis(250),

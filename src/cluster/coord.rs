@@ -118,6 +118,10 @@ pub enum KeepAlive {
     Alive {
         /// The TTL the store answered with (> 0).
         ttl: Duration,
+        /// The store's revision when it answered (0: not known). A worker checks it
+        /// against the highest revision it has seen: a store whose revision went
+        /// back had its history replaced (a restore from a backup).
+        revision: i64,
     },
     /// The store answered TTL 0: the lease has expired or was revoked.
     Expired,

@@ -152,6 +152,24 @@ pub enum ClusterError {
         /// The worker.
         worker: WorkerId,
     },
+    /// The store answered at a revision below one already seen: its history was
+    /// replaced (every member restored from a backup). Nothing cached from before
+    /// is trusted: a worker stops its runs as if its lease were lost, moves the
+    /// store's revision past the highest it saw (so that no fence token goes back),
+    /// and ends with this error once the old runs anywhere are surely gone; join
+    /// again. A controller's command that meets it changed nothing it can vouch
+    /// for: read the task again and decide.
+    #[error(
+        "the store's history was replaced (restored from a backup?): {op} answered at revision {found}, below revision {seen} seen before"
+    )]
+    HistoryReplaced {
+        /// The call that noticed it.
+        op: &'static str,
+        /// The highest revision seen before.
+        seen: i64,
+        /// The revision of the answer.
+        found: i64,
+    },
     /// The worker was shut down; the command cannot be carried out any more.
     #[error("worker {worker} is shut down")]
     ShutDown {

@@ -587,7 +587,10 @@ impl Coordinator for EtcdCoordinator {
                     };
                     keeper.keep_alive().await?;
                     match answers.message().await? {
-                        Some(answer) if answer.ttl() > 0 => Ok(Some(answer.ttl())),
+                        Some(answer) if answer.ttl() > 0 => Ok(Some((
+                            answer.ttl(),
+                            answer.header().map_or(0, |h| h.revision()),
+                        ))),
                         // TTL ≤ 0: the lease expired between the two requests.
                         Some(_) => Ok(None),
                         None => Err(etcd_client::Error::LeaseKeepAliveError(
@@ -597,8 +600,9 @@ impl Coordinator for EtcdCoordinator {
                 })
                 .await?;
             Ok(match ttl {
-                Some(secs) => KeepAlive::Alive {
+                Some((secs, revision)) => KeepAlive::Alive {
                     ttl: Duration::from_secs(secs.unsigned_abs()),
+                    revision,
                 },
                 None => KeepAlive::Expired,
             })

@@ -384,6 +384,12 @@ impl Keys {
         format!("{}{}", self.checkpoints(task), name)
     }
 
+    /// The key written to move the store's revision on after its history was
+    /// replaced: outside the prefixes workers watch, so it wakes nobody.
+    pub(crate) fn history(&self) -> String {
+        format!("{}/history", self.prefix)
+    }
+
     pub(crate) fn workers(&self) -> String {
         format!("{}/workers/", self.prefix)
     }

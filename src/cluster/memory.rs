@@ -75,6 +75,23 @@ struct State {
     duplicate_events: bool,
 }
 
+/// A backup of a [`MemoryCoordinator`], made by [`MemoryCoordinator::snapshot`].
+#[derive(Debug, Clone)]
+pub struct MemorySnapshot {
+    revision: i64,
+    kvs: BTreeMap<String, KeyValue>,
+    leases: Vec<(i64, Duration)>,
+    history: VecDeque<WatchEvent>,
+    compacted: i64,
+}
+
+impl MemorySnapshot {
+    /// The store's revision when the snapshot was taken.
+    pub fn revision(&self) -> i64 {
+        self.revision
+    }
+}
+
 #[derive(Debug)]
 struct LeaseEntry {
     ttl: Duration,
@@ -135,6 +152,56 @@ impl MemoryCoordinator {
         let mut state = self.lock();
         state.compacted = state.revision;
         state.history.clear();
+    }
+
+    /// Takes a backup of the store, as `etcdctl snapshot save` does: every key,
+    /// every lease, the revision and the history watches can replay.
+    pub fn snapshot(&self) -> MemorySnapshot {
+        let mut state = self.lock();
+        state.expire_due(Instant::now());
+        MemorySnapshot {
+            revision: state.revision,
+            kvs: state.kvs.clone(),
+            leases: state.leases.iter().map(|(id, l)| (*id, l.ttl)).collect(),
+            history: state.history.clone(),
+            compacted: state.compacted,
+        }
+    }
+
+    /// Replaces the store's history with `snapshot`'s, as restoring every member
+    /// from a backup does. With `bump` 0 the revision goes back to the snapshot's
+    /// (etcd 3.4's `snapshot restore`); with `bump` > 0 it moves `bump` past it and
+    /// the history is marked compacted (etcd 3.5's `--bump-revision` with
+    /// `--mark-compacted`). Leases come back with their whole TTL, as a restored
+    /// member's do; every open watch ends, as the members' restart ends them.
+    pub fn restore(&self, snapshot: &MemorySnapshot, bump: i64) {
+        let revision = {
+            let mut state = self.lock();
+            let now = Instant::now();
+            state.revision = snapshot.revision + bump.max(0);
+            state.kvs = snapshot.kvs.clone();
+            state.leases = snapshot
+                .leases
+                .iter()
+                .map(|(id, ttl)| {
+                    let entry = LeaseEntry {
+                        ttl: *ttl,
+                        expires: now + *ttl,
+                    };
+                    (*id, entry)
+                })
+                .collect();
+            if bump > 0 {
+                state.history.clear();
+                state.compacted = state.revision;
+            } else {
+                state.history = snapshot.history.clone();
+                state.compacted = snapshot.compacted;
+            }
+            state.revision
+        };
+        self.inner.revision.send_replace(revision);
+        self.cut_watches();
     }
 
     /// Delays every watch delivery by `delay` (zero: none).
@@ -343,7 +410,10 @@ impl Coordinator for MemoryCoordinator {
                 Ok(match state.leases.get_mut(&lease) {
                     Some(entry) => {
                         entry.expires = Instant::now() + entry.ttl;
-                        KeepAlive::Alive { ttl: entry.ttl }
+                        KeepAlive::Alive {
+                            ttl: entry.ttl,
+                            revision: state.revision,
+                        }
                     }
                     None => KeepAlive::Expired,
                 })

@@ -67,6 +67,7 @@ pub mod decide;
 mod error;
 mod etcd;
 mod fence;
+mod history;
 mod keys;
 mod memory;
 mod worker;
@@ -82,7 +83,7 @@ pub use self::error::ClusterError;
 pub use self::etcd::{EtcdCoordinator, EtcdOptions};
 pub use self::fence::{FenceToken, Fencer};
 pub use self::keys::{DesiredStage, ObservedOutcome, ObservedStatus, TaskId, WorkerId, MAX_ID_LEN};
-pub use self::memory::MemoryCoordinator;
+pub use self::memory::{MemoryCoordinator, MemorySnapshot};
 pub use self::worker::{
     FactoryError, LeaseKeeping, OverrunPolicy, TaskSpec, Worker, WorkerBuilder, MIN_TTL,
     OVERRUN_EXIT_CODE,

@@ -63,6 +63,12 @@ pub(super) fn lease_now(inner: &Inner, lease_rx: &mut watch::Receiver<LeaseState
             stop_at: Some(u64::MAX),
             exit_at: u64::MAX,
         }
+    } else if inner.history.replaced().is_some() {
+        // The store's history was replaced: treated like a lost lease.
+        LeaseState {
+            stop_at: None,
+            ..lease
+        }
     } else {
         lease
     }

@@ -45,6 +45,7 @@ use super::coord::{Coordinator, Op, Txn};
 use super::decide;
 use super::error::ClusterError;
 use super::fence::{within, FenceToken, Fencer, Wake};
+use super::history::{Checked, History};
 use super::keys::{owner_value, Keys, TaskId, WorkerId};
 
 /// The smallest lease TTL a worker accepts.
@@ -324,12 +325,19 @@ impl WorkerBuilder {
     /// # Cancel safety
     ///
     /// Not cancel safe: a dropped join may leave a granted lease to expire.
-    pub async fn join<F>(self, factory: F) -> Result<Worker, ClusterError>
+    pub async fn join<F>(mut self, factory: F) -> Result<Worker, ClusterError>
     where
         F: Fn(TaskSpec) -> Result<TaskBuilder, FactoryError> + Send + Sync + 'static,
     {
         let (keys, id, rho) = self.check()?;
         let op_timeout = self.op_timeout;
+        // Every answer this worker gets is checked against the highest revision it
+        // has seen: a store whose revision went back had its history replaced.
+        let history = History::new(true);
+        let raw = self.coord;
+        let checked: Arc<dyn Coordinator> =
+            Arc::new(Checked::new(Arc::clone(&raw), Arc::clone(&history)));
+        self.coord = checked;
         let sent = Instant::now();
         let grant = within(op_timeout, "lease grant", self.coord.grant(self.ttl)).await?;
         // The store may raise the TTL it was asked for; the smaller of the two is
@@ -373,10 +381,15 @@ impl WorkerBuilder {
                 return Err(error);
             }
         };
-        let control_coord = keeper::lease_coordinator(self.lease_keeping, &self.coord);
+        let raw_control = keeper::lease_coordinator(self.lease_keeping, &raw);
+        let control_coord: Arc<dyn Coordinator> =
+            Arc::new(Checked::new(Arc::clone(&raw_control), Arc::clone(&history)));
         let inner = Arc::new(Inner {
             control: prepared.handle.clone(),
             control_coord: Arc::clone(&control_coord),
+            raw_control,
+            history: Arc::clone(&history),
+            ttl,
             coord: self.coord,
             keys,
             id: id.clone(),
@@ -394,6 +407,20 @@ impl WorkerBuilder {
             wake,
             view: Mutex::new(BTreeMap::new()),
             lease_state: lease_tx,
+        });
+        let weak = Arc::downgrade(&inner);
+        history.on_replaced(move |replaced| {
+            // Treated like a lost lease: every run stops, nothing cached is trusted.
+            if let Some(inner) = weak.upgrade() {
+                tracing::error!(
+                    worker = %inner.id,
+                    op = replaced.op,
+                    seen = replaced.seen,
+                    found = replaced.found,
+                    "the store's history was replaced: stopping every run, as on a lost lease"
+                );
+                inner.lease_state.send_modify(|state| state.stop_at = None);
+            }
         });
         let session = Session::run(Arc::clone(&inner), control_coord, timing, shutdown.clone());
         let guard = (!inner.unfenced)
@@ -437,6 +464,13 @@ struct Inner {
     control: tokio::runtime::Handle,
     /// The store, on the connection that runtime drives.
     control_coord: Arc<dyn Coordinator>,
+    /// The same connection, its answers unchecked: for moving the revision of a
+    /// replaced history on, and for the revoke after it.
+    raw_control: Arc<dyn Coordinator>,
+    /// The highest revision seen, and whether the store's history was replaced.
+    history: Arc<History>,
+    /// The lease's TTL (the smaller of the one asked for and the one granted).
+    ttl: Duration,
     keys: Keys,
     id: WorkerId,
     lease: i64,

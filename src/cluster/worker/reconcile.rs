@@ -14,16 +14,18 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::cluster::coord::{Compare, KeyValue, Op, Txn, TxnResult};
+use crate::cluster::coord::{Compare, Coordinator, KeyValue, Op, Txn, TxnResult};
 use crate::cluster::decide::{decide, Action, Local, Ownership, Report, TaskView};
 use crate::cluster::error::ClusterError;
 use crate::cluster::fence::{within, FenceToken, Fencer};
+use crate::cluster::history::Replaced;
 use crate::cluster::keys::{DesiredStage, ObservedOutcome, ObservedStatus, TaskId};
 use crate::runtime::Handle;
 use crate::stage::Stage;
@@ -210,6 +212,10 @@ pub(super) async fn reconcile(
             }
         }
         if lease.stop_at.is_none() && state.slots.values().all(|s| s.task.is_none()) {
+            if let Some(replaced) = inner.history.replaced() {
+                state.actions.shutdown().await;
+                return Err(after_replaced(&inner, replaced).await);
+            }
             tracing::warn!(worker = %inner.id, "lease lost; every run stopped");
             return Err(ClusterError::LeaseLost {
                 worker: inner.id.clone(),
@@ -259,6 +265,10 @@ impl Reconciler {
     /// Applies a reflector's message to the cache and queues what it changed.
     fn feed(&mut self, feed: Feed) {
         let changes = self.view.feed(feed);
+        if let Some((seen, found)) = changes.replaced {
+            // Stops every run at once, as a lost lease does (the history's hook).
+            self.inner.history.replace("listing", seen, found);
+        }
         self.changed(changes);
     }
 
@@ -1040,4 +1050,117 @@ fn build(
         stopping: None,
         forwarder,
     })
+}
+
+/// How many writes may be in flight while the store's revision is moved on.
+const ADVANCE_IN_FLIGHT: usize = 32;
+
+/// What a worker does once its runs are gone after the store's history was found
+/// replaced, before it ends: the store's revision is moved past the highest this
+/// worker saw, so that every owner key created from then on (every fence token)
+/// is above any token handed out before the restore; it waits until one TTL has
+/// passed since the finding, by when every run of the old history anywhere was
+/// stopped by its own worker's finding or its lease deadline, so that the
+/// application's next join claims nothing that an old run may still hold; then it
+/// revokes its lease.
+///
+/// Bounded: the moving and the wait both end one TTL and one call deadline after
+/// the finding.
+async fn after_replaced(inner: &Arc<Inner>, replaced: Replaced) -> ClusterError {
+    let until = replaced.at + inner.ttl + inner.op_timeout;
+    let target = inner.history.high().max(replaced.seen);
+    let advanced = inner
+        .control
+        .spawn(advance(
+            Arc::clone(&inner.raw_control),
+            inner.keys.history(),
+            target,
+            inner.op_timeout,
+            until,
+        ))
+        .await;
+    match advanced {
+        Ok(Ok(revision)) => tracing::warn!(
+            worker = %inner.id,
+            target,
+            revision,
+            "the store's revision was moved past the highest seen before it was replaced"
+        ),
+        Ok(Err(error)) => tracing::error!(
+            worker = %inner.id,
+            target,
+            %error,
+            "could not move the store's revision past {target}: fence tokens of tasks claimed \
+             from now on may be lower than ones handed out before the restore"
+        ),
+        Err(error) => tracing::error!(worker = %inner.id, %error, "moving the revision on failed"),
+    }
+    tokio::time::sleep_until(until).await;
+    let _ = within(
+        inner.op_timeout,
+        "lease revoke",
+        inner.raw_control.revoke(inner.lease),
+    )
+    .await;
+    tracing::warn!(worker = %inner.id, "ending after the store's history was replaced; join again");
+    replaced.error()
+}
+
+/// Writes `key` until the store's revision is above `target` or `until` passes;
+/// returns the revision reached. Each transaction moves the revision by one; up to
+/// [`ADVANCE_IN_FLIGHT`] are in flight at once.
+async fn advance(
+    coord: Arc<dyn Coordinator>,
+    key: String,
+    target: i64,
+    op_timeout: Duration,
+    until: Instant,
+) -> Result<i64, ClusterError> {
+    let write = |coord: &Arc<dyn Coordinator>| {
+        let coord = Arc::clone(coord);
+        let txn = Txn {
+            when: vec![],
+            then: vec![Op::Put {
+                key: key.clone(),
+                value: target.to_string().into_bytes(),
+                lease: None,
+            }],
+        };
+        async move { within(op_timeout, "advance revision", coord.txn(txn)).await }
+    };
+    let mut reached = 0;
+    let mut writes = JoinSet::new();
+    let mut last_error = None;
+    // Bounded by `until`, and by the count: every answered write moves the
+    // revision by one, and no more writes are sent than the gap left.
+    loop {
+        if reached > target {
+            return Ok(reached);
+        }
+        let gap = if reached == 0 {
+            1
+        } else {
+            (target - reached + 1) as usize
+        };
+        while writes.len() < gap.min(ADVANCE_IN_FLIGHT) {
+            writes.spawn(write(&coord));
+        }
+        match tokio::time::timeout_at(until, writes.join_next()).await {
+            Ok(Some(Ok(Ok(result)))) => reached = reached.max(result.revision),
+            Ok(Some(Ok(Err(error)))) => last_error = Some(error),
+            Ok(Some(Err(error))) => {
+                last_error = Some(ClusterError::Store {
+                    op: "advance revision",
+                    detail: error.to_string(),
+                })
+            }
+            Ok(None) => {}
+            Err(_) => {
+                return Err(last_error.unwrap_or(ClusterError::Unreachable {
+                    op: "advance revision",
+                    detail: format!("revision {reached} of {target} reached in time"),
+                }))
+            }
+        }
+    }
 }

@@ -64,6 +64,10 @@ impl Session {
                 _ = shutdown.cancelled() => return,
                 _ = ticker.tick() => {}
             }
+            if inner.history.replaced().is_some() {
+                // Treated like a lost lease: no answer is trusted any more.
+                return;
+            }
             // Record when the keep-alive was sent, on the monotonic clock: only an
             // answer with TTL > 0 moves the deadline, and it moves it to
             // sent + TTL·(1−ρ) − stop bound (decide::stop_at).
@@ -77,7 +81,7 @@ impl Session {
             // this call takes.
             let timeout = inner.op_timeout * 2;
             match within(timeout, "keep-alive", coord.keep_alive(inner.lease)).await {
-                Ok(KeepAlive::Alive { ttl }) => {
+                Ok(KeepAlive::Alive { ttl, .. }) => {
                     let ttl_ms = (ttl.as_millis() as u64).min(timing.ttl_ms);
                     let next =
                         decide::stop_at(sent, ttl_ms, timing.rho_permille, timing.stop_bound_ms);

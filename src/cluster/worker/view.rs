@@ -216,6 +216,10 @@ pub(super) struct Changes {
     pub(super) tasks: Vec<TaskId>,
     /// Whether the membership changed.
     pub(super) members: bool,
+    /// A listing showed a key whose last write is older than the one the cache
+    /// holds, though the listing is newer: the store's history was replaced (a
+    /// restore with a revision bump). The revision held and the one listed.
+    pub(super) replaced: Option<(i64, i64)>,
 }
 
 /// The cache: every task's record and the live members.
@@ -278,6 +282,13 @@ impl View {
                 let listed: BTreeSet<String> = kvs.iter().map(|kv| kv.key.clone()).collect();
                 for kv in kvs {
                     let rev = kv.mod_revision;
+                    // A key's last write only moves forward in one history: one
+                    // older than the write the cache holds, in a listing that is
+                    // not older than that write, comes from another history.
+                    let held = self.held_revision(prefix, &kv.key);
+                    if rev < held && held <= revision && changes.replaced.is_none() {
+                        changes.replaced = Some((held, rev));
+                    }
                     self.apply(prefix, kv.key.clone(), Some(kv), rev, &mut changes);
                 }
                 // Whatever the cache holds that the listing does not was deleted
@@ -344,6 +355,26 @@ impl View {
             }
         }
         changes
+    }
+
+    /// The revision of the change the cache holds for `key` (0: none).
+    fn held_revision(&self, prefix: Prefix, key: &str) -> i64 {
+        match prefix {
+            Prefix::Tasks => self
+                .keys
+                .parse_task_key(key)
+                .and_then(|(task, kind)| {
+                    let record = self.tasks.get(&task)?;
+                    Some(match kind {
+                        TaskKey::Spec => record.spec.rev,
+                        TaskKey::Desired => record.desired.rev,
+                        TaskKey::Owner => record.owner.rev,
+                        TaskKey::Observed => record.observed.rev,
+                    })
+                })
+                .unwrap_or(0),
+            Prefix::Workers => self.members.get(key).map_or(0, |e| e.rev),
+        }
     }
 
     /// Applies one of the worker's own writes, accepted by the store at `rev`;
@@ -476,6 +507,35 @@ mod tests {
             a.owner.kv.is_some(),
             "a listing older than the write removed it"
         );
+    }
+
+    #[test]
+    fn a_newer_listing_with_an_older_write_of_a_key_is_a_replaced_history() {
+        let mut view = view();
+        view.feed(Feed::Listed {
+            prefix: Prefix::Tasks,
+            revision: 10,
+            kvs: vec![kv("p/tasks/a/desired", "Running", 3, 3)],
+        });
+        view.feed(Feed::Changed {
+            prefix: Prefix::Tasks,
+            revision: 12,
+            events: vec![WatchEvent::Put(kv("p/tasks/a/desired", "Paused", 3, 12))],
+        });
+        // An older listing (sent before the change) is not a replaced history.
+        let older = view.feed(Feed::Listed {
+            prefix: Prefix::Tasks,
+            revision: 11,
+            kvs: vec![kv("p/tasks/a/desired", "Running", 3, 3)],
+        });
+        assert_eq!(older.replaced, None);
+        // A newer one holding the write before the change is.
+        let restored = view.feed(Feed::Listed {
+            prefix: Prefix::Tasks,
+            revision: 1_012,
+            kvs: vec![kv("p/tasks/a/desired", "Running", 3, 3)],
+        });
+        assert_eq!(restored.replaced, Some((12, 3)));
     }
 
     #[test]
