@@ -1627,6 +1627,50 @@ m118() {
 EOF
 }
 
+m119() {
+  WHERE="cluster/history.rs: History::check"
+  MUTANT="an answer below the highest revision seen is taken as it is: after a restore the worker goes on deciding from the world before it"
+  SUITE="--all-features --test cluster_promises a_store_restored_with_its_revision_going_back"
+  edit src/cluster/history.rs <<'EOF'
+        if found < floor {
+@@@@
+        if found < floor - i64::MAX / 2 {
+EOF
+}
+
+m120() {
+  WHERE="cluster/worker/view.rs: View::feed, Listed"
+  MUTANT="a listing whose key went back to an older write is applied as an older change and ignored: a restore with a revision bump goes unnoticed"
+  SUITE="--all-features --test cluster_promises a_store_restored_with_a_revision_bump"
+  edit src/cluster/worker/view.rs <<'EOF'
+                    if rev < held && held <= revision && changes.replaced.is_none() {
+@@@@
+                    if rev < held && held <= revision && changes.replaced.is_some() {
+EOF
+}
+
+m121() {
+  WHERE="cluster/worker/reconcile.rs: after_replaced"
+  MUTANT="the store's revision is not moved past the highest seen: tasks claimed after the restore get fence tokens below ones handed out before"
+  SUITE="--all-features --test cluster_promises a_store_restored_with_its_revision_going_back"
+  edit src/cluster/worker/reconcile.rs <<'EOF'
+        if reached > target {
+@@@@
+        if reached > 0 {
+EOF
+}
+
+m122() {
+  WHERE="cluster/worker/reconcile.rs: after_replaced"
+  MUTANT="a worker that noticed the restore ends at once: its next incarnation claims tasks that a worker which has not noticed yet still runs"
+  SUITE="--all-features --test cluster_promises after_a_restore_no_task_is_claimed"
+  edit src/cluster/worker/reconcile.rs <<'EOF'
+    tokio::time::sleep_until(until).await;
+@@@@
+    let _ = until;
+EOF
+}
+
 ALL=$(declare -F | awk '$3 ~ /^m[0-9]+$/ { print substr($3, 2) }' | sort -n | tr '\n' ' ')
 SELECTED=${MUTANTS:-$ALL}
 for n in $SELECTED; do

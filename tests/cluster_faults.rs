@@ -268,6 +268,29 @@ impl Fleet {
         }
     }
 
+    /// As [`Fleet::settle`], for a status that `ok` accepts.
+    async fn settle_where(
+        &self,
+        task: &str,
+        within: Duration,
+        ok: impl Fn(&TaskStatus) -> bool,
+    ) -> Result<(Duration, TaskStatus), Option<TaskStatus>> {
+        let started = Instant::now();
+        // Bounded by `within`, polling every 20 ms.
+        loop {
+            let last = self.status(task).await;
+            if let Some(status) = &last {
+                if status.answers(status.desired_revision) && ok(status) {
+                    return Ok((started.elapsed(), status.clone()));
+                }
+            }
+            if started.elapsed() >= within {
+                return Err(last);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// The last checkpoint number written to `task` (0 if none), or `None` if the
     /// store could not be read.
     async fn writes(&self, task: &str) -> Option<u64> {
@@ -1057,4 +1080,155 @@ async fn figures_a_cluster_wide_pause_against_a_local_one() {
     let verdict = fleet.verdict(&tasks(&["t"])).await;
     assert_passed(&verdict);
     assert!(verdict.runs > N, "every resume started a run: {verdict}");
+}
+
+// ---------------------------------------------------------------- restore from a backup
+
+/// How soon after the restored store is healthy every task must be answered by a
+/// live run: the goal's TTL + 10 s.
+const AFTER_RESTORE: Duration = Duration::from_secs(TTL.as_secs() + 10);
+
+/// Every member of the store restored from a backup taken before a pause, a
+/// resume, a pause that the backup does not hold and a takeover (etcd 3.4: the
+/// store's revision goes back to the snapshot's). With `other_writers`, a client
+/// writes elsewhere on the same store all along, so that the revision after the
+/// restore climbs back towards the one the workers saw. Returns the checker's
+/// verdict and how long after the store was healthy every task was answered.
+async fn restored_from_a_backup(other_writers: bool) -> Option<(Verdict, Duration)> {
+    let mut cluster = EtcdCluster::start_or_skip(3)?;
+    let mut fleet = Fleet::new(&cluster, false).await;
+    for id in ["w1", "w2", "w3"] {
+        fleet.spawn(id, ONE);
+        registered(&fleet, id).await;
+    }
+    let names = tasks(&["t0", "t1", "t2", "t3", "t4", "t5"]);
+    for task in &names {
+        create_running(&fleet, task).await;
+    }
+    for task in &names {
+        fleet.answered(task, LIVENESS, |_| true).await;
+    }
+    let writing = Arc::new(std::sync::atomic::AtomicBool::new(other_writers));
+    let writer = {
+        let writing = Arc::clone(&writing);
+        let coord = fleet.coord.clone();
+        tokio::spawn(async move {
+            // Bounded: 20,000 writes at most, and the test ends it.
+            for i in 0..20_000u32 {
+                if !writing.load(std::sync::atomic::Ordering::SeqCst) {
+                    return i;
+                }
+                let put = taskstage::cluster::Txn {
+                    when: vec![],
+                    then: vec![taskstage::cluster::Op::Put {
+                        key: format!("elsewhere/{}", i % 64),
+                        value: i.to_string().into_bytes(),
+                        lease: None,
+                    }],
+                };
+                let _ = coord.txn(put).await;
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            20_000
+        })
+    };
+    let backup = fleet.dir.join("backup.db");
+    cluster.snapshot_save(&backup);
+
+    // After the backup: a pause and a resume, a pause the backup does not hold, and
+    // a takeover.
+    let controller = fleet.controller.clone();
+    controller.pause_within("t1", LIVENESS).await.expect("pause t1");
+    controller.resume_within("t1", LIVENESS).await.expect("resume t1");
+    controller.pause_within("t5", LIVENESS).await.expect("pause t5");
+    let victim = controller
+        .status("t0")
+        .await
+        .expect("t0's status")
+        .owner
+        .expect("t0 is owned")
+        .as_str()
+        .to_owned();
+    fleet.kill(&victim);
+    for task in &names {
+        fleet.answered(task, LIVENESS, |owner| owner != victim).await;
+    }
+
+    // The fence token of every task now: what the restore must never go below.
+    let mut before = std::collections::BTreeMap::new();
+    for task in &names {
+        let status = controller.status(task).await.expect("a status");
+        before.insert(task.clone(), status.owner_revision.unwrap_or(0));
+    }
+
+    cluster.restore_all(&backup);
+    let healthy = Instant::now();
+    eprintln!("every member restored from the backup and healthy again");
+    // Until the workers notice and the restored leases end, the store answers
+    // with the backup's reports: the past. Every task is then answered by an
+    // owner that claimed it after the restore, under a token above any handed out
+    // before, for the desired stage the backup holds (t5 Running again), by a run
+    // that is alive.
+    for task in &names {
+        let left = AFTER_RESTORE.saturating_sub(healthy.elapsed());
+        let above = before[task];
+        let status = match fleet
+            .settle_where(task, left, |status| {
+                status.owner_revision.is_some_and(|token| token > above)
+            })
+            .await
+        {
+            Ok((_, status)) => status,
+            Err(last) => panic!(
+                "{task} was not answered within {AFTER_RESTORE:?} of the restore; last: {last:?}"
+            ),
+        };
+        assert_eq!(status.desired, DesiredStage::Running, "{task}: {status:?}");
+        let observed = status.current_observed().expect("the owner's report");
+        assert_eq!(observed.stage, Stage::Running, "{task}: {status:?}");
+        fleet
+            .recorder
+            .converged(now_ns(), task, observed.owner.as_str(), observed.owner_revision);
+    }
+    let answered = healthy.elapsed();
+    // Every command is answered after it.
+    controller
+        .pause_within("t2", LIVENESS)
+        .await
+        .expect("a pause after the restore");
+    controller
+        .resume_within("t2", LIVENESS)
+        .await
+        .expect("a resume after the restore");
+    writing.store(false, std::sync::atomic::Ordering::SeqCst);
+    let writes = writer.await.expect("the other writer");
+    eprintln!("restore: every task answered {answered:?} after the store was healthy; {writes} writes elsewhere");
+    // Every worker that lived through it noticed and said why.
+    for proc in fleet.procs.iter() {
+        let log = std::fs::read_to_string(fleet.dir.join(format!("{}.log", proc.id)))
+            .unwrap_or_default();
+        assert!(
+            log.contains("HistoryReplaced"),
+            "worker {} did not notice the replaced history; its log:\n{log}",
+            proc.id
+        );
+    }
+    let verdict = fleet.verdict(&names).await;
+    Some((verdict, answered))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_restored_from_a_backup_costs_no_safety_and_every_task_answers() {
+    if let Some((verdict, answered)) = restored_from_a_backup(false).await {
+        assert_passed(&verdict);
+        assert!(answered <= AFTER_RESTORE, "{answered:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_under_other_writers_costs_no_safety_and_every_task_answers() {
+    if let Some((verdict, answered)) = restored_from_a_backup(true).await {
+        assert_passed(&verdict);
+        assert!(answered <= AFTER_RESTORE, "{answered:?}");
+    }
 }

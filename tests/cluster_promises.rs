@@ -1514,3 +1514,172 @@ async fn a_restore_with_other_writers_moving_the_revision_on_is_noticed_and_surv
 async fn a_store_restored_with_a_revision_bump_is_survived() {
     restore_from_a_backup(1_000, 0).await;
 }
+
+/// One worker's door to the store that, once shut, holds every call until it is
+/// opened again: a worker that cannot reach the store (and so cannot notice that
+/// its history was replaced) while others can.
+#[derive(Clone)]
+struct Door {
+    store: MemoryCoordinator,
+    shut: Arc<tokio::sync::watch::Sender<bool>>,
+}
+
+impl Door {
+    fn new(store: &MemoryCoordinator) -> Door {
+        Door {
+            store: store.clone(),
+            shut: Arc::new(tokio::sync::watch::channel(false).0),
+        }
+    }
+
+    async fn pass(&self) {
+        let mut shut = self.shut.subscribe();
+        // Ends when the door opens; the sender lives as long as `self`.
+        let _ = shut.wait_for(|shut| !*shut).await;
+    }
+}
+
+impl Coordinator for Door {
+    fn grant(&self, ttl: Duration) -> BoxFuture<'_, Result<Grant, ClusterError>> {
+        Box::pin(async move {
+            self.pass().await;
+            self.store.grant(ttl).await
+        })
+    }
+
+    fn keep_alive(&self, lease: i64) -> BoxFuture<'_, Result<KeepAlive, ClusterError>> {
+        Box::pin(async move {
+            self.pass().await;
+            self.store.keep_alive(lease).await
+        })
+    }
+
+    fn revoke(&self, lease: i64) -> BoxFuture<'_, Result<(), ClusterError>> {
+        Box::pin(async move {
+            self.pass().await;
+            self.store.revoke(lease).await
+        })
+    }
+
+    fn list(&self, prefix: String) -> BoxFuture<'_, Result<Listing, ClusterError>> {
+        Box::pin(async move {
+            self.pass().await;
+            self.store.list(prefix).await
+        })
+    }
+
+    fn txn(&self, txn: Txn) -> BoxFuture<'_, Result<TxnResult, ClusterError>> {
+        Box::pin(async move {
+            self.pass().await;
+            self.store.txn(txn).await
+        })
+    }
+
+    fn watch(&self, prefix: String, from: i64) -> BoxFuture<'_, Result<WatchStream, ClusterError>> {
+        Box::pin(async move {
+            self.pass().await;
+            self.store.watch(prefix, from).await
+        })
+    }
+
+    fn wait_change(
+        &self,
+        prefix: String,
+        after: i64,
+        timeout: Duration,
+    ) -> BoxFuture<'_, Result<(), ClusterError>> {
+        Box::pin(async move {
+            self.pass().await;
+            self.store.wait_change(prefix, after, timeout).await
+        })
+    }
+}
+
+/// Two workers notice the restore at once; a third, that took tasks over from them
+/// after the backup, cannot reach the store, and its runs go on until its own lease
+/// deadline. The two that noticed must not claim those tasks again (their next
+/// incarnations) while those runs may be alive: they wait one TTL after noticing.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn after_a_restore_no_task_is_claimed_while_a_worker_that_did_not_notice_may_run_it() {
+    let store = MemoryCoordinator::new();
+    let runs = Runs::default();
+    let w1 = join_tracked(&store, "w1", &runs).await;
+    let w2 = join_tracked(&store, "w2", &runs).await;
+    let controller = Controller::new(store.clone(), "restore").expect("a controller");
+    let tasks: Vec<String> = (0..6).map(|i| format!("t{i}")).collect();
+    for task in &tasks {
+        controller
+            .create(task, Vec::new(), DesiredStage::Running)
+            .await
+            .expect("create");
+    }
+    eventually(Duration::from_secs(10), "every task runs", || {
+        (runs.live().len() == 6).then_some(())
+    })
+    .await;
+    let snapshot = store.snapshot();
+    // After the backup, w3 joins and is handed its share from w1 and w2.
+    let door = Door::new(&store);
+    let (worker, tracked) = ("w3".to_owned(), runs.clone());
+    let mut w3 = Worker::builder(door.clone(), "restore", "w3")
+        .lease_keeping(LeaseKeeping::SharedRuntime)
+        .ttl(RESTORE_TTL)
+        .stop_bound(Duration::from_millis(600))
+        .resync(Duration::from_millis(200))
+        .op_timeout(Duration::from_secs(1))
+        .join(move |spec| {
+            Ok(Task::builder(spec.task.as_str()).unit(Tracked {
+                task: spec.task.as_str().to_owned(),
+                worker: worker.clone(),
+                token: spec.fencer.token().revision,
+                runs: tracked.clone(),
+            }))
+        })
+        .await
+        .expect("w3 joins");
+    eventually(Duration::from_secs(10), "w3 runs its share", || {
+        let live = runs.live();
+        let on_w3 = live.values().filter(|on| on.contains(&"w3".to_owned())).count();
+        (live.len() == 6 && on_w3 == 2).then_some(())
+    })
+    .await;
+
+    door.shut.send_replace(true);
+    store.restore(&snapshot, 0);
+    let mut ended = Vec::new();
+    for mut worker in [w1, w2] {
+        let end = tokio::time::timeout(RESTORE_TTL * 5, worker.closed())
+            .await
+            .expect("a worker that noticed ends");
+        assert!(
+            matches!(end, Err(ClusterError::HistoryReplaced { .. })),
+            "{end:?}"
+        );
+        ended.push(worker.id().as_str().to_owned());
+    }
+    // Their next incarnations.
+    let w1 = join_tracked(&store, "w1", &runs).await;
+    let w2 = join_tracked(&store, "w2", &runs).await;
+    eventually(RESTORE_TTL + Duration::from_secs(10), "every task runs again", || {
+        let live = runs.live();
+        (live.len() == 6 && live.values().all(|on| !on.contains(&"w3".to_owned())))
+            .then_some(())
+    })
+    .await;
+    door.shut.send_replace(false);
+    let end = tokio::time::timeout(RESTORE_TTL * 5, w3.closed())
+        .await
+        .expect("w3 ends once it reaches the store");
+    assert!(
+        matches!(
+            end,
+            Err(ClusterError::HistoryReplaced { .. } | ClusterError::LeaseLost { .. })
+        ),
+        "{end:?}"
+    );
+    let state = runs.state();
+    assert_eq!(state.most, 1, "two live runs of one task: {:?}", state.overlaps);
+    drop(state);
+    w1.shutdown().await.expect("w1 shuts down");
+    w2.shutdown().await.expect("w2 shuts down");
+}

@@ -42,6 +42,10 @@ pub(crate) struct EtcdCluster {
     /// [`EtcdCluster::start_partitionable`].
     firewall: Option<firewall::Firewall>,
     dir: PathBuf,
+    /// The `--initial-cluster` and `--initial-cluster-token` the members started
+    /// with, for [`EtcdCluster::restore_all`].
+    initial: String,
+    token: String,
     _turn: MutexGuard<'static, ()>,
 }
 
@@ -54,6 +58,8 @@ struct Member {
     /// The user the member runs as, when partitionable: its own, so that an
     /// iptables rule can tell the connections it dials from its peers'.
     uid: Option<u32>,
+    /// Its data directory.
+    data: PathBuf,
     /// How to start it again: the binary, its arguments, its log file.
     binary: PathBuf,
     args: Vec<std::ffi::OsString>,
@@ -101,6 +107,29 @@ fn etcd_binary() -> Option<PathBuf> {
     std::env::split_paths(&paths)
         .map(|dir| dir.join("etcd"))
         .find(|candidate| candidate.is_file())
+}
+
+fn etcdctl_binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("ETCDCTL_BIN") {
+        return PathBuf::from(path);
+    }
+    std::env::var_os("PATH")
+        .and_then(|paths| {
+            std::env::split_paths(&paths)
+                .map(|dir| dir.join("etcdctl"))
+                .find(|candidate| candidate.is_file())
+        })
+        .expect("etcdctl on PATH (apt-get install -y etcd-client), or set ETCDCTL_BIN")
+}
+
+/// Gives `dir` and everything under it to `uid`.
+fn chown_tree(dir: &Path, uid: u32) {
+    std::os::unix::fs::chown(dir, Some(uid), None).expect("give a member its data");
+    if dir.is_dir() {
+        for entry in std::fs::read_dir(dir).expect("read a member's data directory") {
+            chown_tree(&entry.expect("a directory entry").path(), uid);
+        }
+    }
 }
 
 fn free_port() -> u16 {
@@ -201,6 +230,8 @@ impl EtcdCluster {
             members: Vec::new(),
             firewall,
             dir: dir.clone(),
+            initial: String::new(),
+            token: format!("taskstage-{stamp}"),
             _turn: turn,
         };
         let started = Instant::now();
@@ -223,6 +254,7 @@ impl EtcdCluster {
                 .enumerate()
                 .map(|(i, (_, _, peer))| format!("m{i}=http://127.0.0.1:{peer}"))
                 .collect();
+            cluster.initial = initial.join(",");
             for (i, (client, sides, peer)) in ports.iter().enumerate() {
                 let (client, peer) = (*client, *peer);
                 let name = format!("m{i}");
@@ -271,6 +303,7 @@ impl EtcdCluster {
                 .map(std::ffi::OsString::from)
                 .collect();
                 let mut member = Member {
+                    data: data.clone(),
                     log: dir.join(format!("{name}.log")),
                     name,
                     client_url: format!("http://127.0.0.1:{client}"),
@@ -344,6 +377,84 @@ impl EtcdCluster {
         if self.members[i].child.is_none() {
             let child = self.members[i].spawn();
             self.members[i].child = Some(child);
+        }
+    }
+
+    /// Saves a backup of the store into `file`, as an operator does with
+    /// `etcdctl snapshot save` (from the first member that answers).
+    ///
+    /// # Panics
+    ///
+    /// If no member could save it.
+    pub(crate) fn snapshot_save(&self, file: &Path) {
+        let mut failures = Vec::new();
+        for member in &self.members {
+            let output = Command::new(etcdctl_binary())
+                .env("ETCDCTL_API", "3")
+                .args(["--endpoints", &member.client_url, "snapshot", "save"])
+                .arg(file)
+                .output()
+                .expect("run etcdctl snapshot save");
+            if output.status.success() {
+                return;
+            }
+            failures.push(String::from_utf8_lossy(&output.stderr).into_owned());
+        }
+        panic!("etcdctl snapshot save failed on every member: {failures:?}");
+    }
+
+    /// Restores every member from the backup `file`, as an operator does: every
+    /// member stopped, its data directory replaced by `etcdctl snapshot restore`
+    /// (etcd 3.4: the revision goes back to the snapshot's), then every member
+    /// started again with its ports. Returns once the cluster is healthy.
+    ///
+    /// # Panics
+    ///
+    /// If a restore fails, or the cluster is not healthy within 20 s.
+    pub(crate) fn restore_all(&mut self, file: &Path) {
+        self.stop_all();
+        for member in &self.members {
+            remove_dir(&member.data);
+            let output = Command::new(etcdctl_binary())
+                .env("ETCDCTL_API", "3")
+                .arg("snapshot")
+                .arg("restore")
+                .arg(file)
+                .args(["--name", &member.name])
+                .arg("--data-dir")
+                .arg(&member.data)
+                .args(["--initial-cluster", &self.initial])
+                .args(["--initial-cluster-token", &self.token])
+                .args([
+                    "--initial-advertise-peer-urls",
+                    &format!("http://127.0.0.1:{}", member.peer_port),
+                ])
+                .output()
+                .expect("run etcdctl snapshot restore");
+            assert!(
+                output.status.success(),
+                "etcdctl snapshot restore of {}: {}",
+                member.name,
+                String::from_utf8_lossy(&output.stderr)
+            );
+            if let Some(uid) = member.uid {
+                chown_tree(&member.data, uid);
+            }
+        }
+        for i in 0..self.members.len() {
+            let child = self.members[i].spawn();
+            self.members[i].child = Some(child);
+        }
+        // Bounded: 20 s, polling every 50 ms.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !self.members.iter().all(|m| healthy(m.client_port())) {
+            if Instant::now() >= deadline {
+                panic!(
+                    "the restored etcd cluster was not healthy within 20 s; logs:\n{}",
+                    self.logs()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
         }
     }
 
