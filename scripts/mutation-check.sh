@@ -1671,6 +1671,17 @@ m122() {
 EOF
 }
 
+m123() {
+  WHERE="cluster/worker/reconcile.rs: reconcile"
+  MUTANT="a worker registers as a member before it has listed: one that cannot list counts in the fair shares and is handed tasks it never runs"
+  SUITE="--all-features --test cluster_promises a_worker_that_cannot_list_is_handed_no_tasks"
+  edit src/cluster/worker/reconcile.rs <<'EOF'
+        if !state.registered && state.view.is_known() && Instant::now() >= state.register_at {
+@@@@
+        if !state.registered && Instant::now() >= state.register_at {
+EOF
+}
+
 ALL=$(declare -F | awk '$3 ~ /^m[0-9]+$/ { print substr($3, 2) }' | sort -n | tr '\n' ' ')
 SELECTED=${MUTANTS:-$ALL}
 for n in $SELECTED; do

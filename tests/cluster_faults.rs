@@ -1138,9 +1138,18 @@ async fn restored_from_a_backup(other_writers: bool) -> Option<(Verdict, Duratio
     // After the backup: a pause and a resume, a pause the backup does not hold, and
     // a takeover.
     let controller = fleet.controller.clone();
-    controller.pause_within("t1", LIVENESS).await.expect("pause t1");
-    controller.resume_within("t1", LIVENESS).await.expect("resume t1");
-    controller.pause_within("t5", LIVENESS).await.expect("pause t5");
+    controller
+        .pause_within("t1", LIVENESS)
+        .await
+        .expect("pause t1");
+    controller
+        .resume_within("t1", LIVENESS)
+        .await
+        .expect("resume t1");
+    controller
+        .pause_within("t5", LIVENESS)
+        .await
+        .expect("pause t5");
     let victim = controller
         .status("t0")
         .await
@@ -1151,7 +1160,9 @@ async fn restored_from_a_backup(other_writers: bool) -> Option<(Verdict, Duratio
         .to_owned();
     fleet.kill(&victim);
     for task in &names {
-        fleet.answered(task, LIVENESS, |owner| owner != victim).await;
+        fleet
+            .answered(task, LIVENESS, |owner| owner != victim)
+            .await;
     }
 
     // The fence token of every task now: what the restore must never go below.
@@ -1186,9 +1197,12 @@ async fn restored_from_a_backup(other_writers: bool) -> Option<(Verdict, Duratio
         assert_eq!(status.desired, DesiredStage::Running, "{task}: {status:?}");
         let observed = status.current_observed().expect("the owner's report");
         assert_eq!(observed.stage, Stage::Running, "{task}: {status:?}");
-        fleet
-            .recorder
-            .converged(now_ns(), task, observed.owner.as_str(), observed.owner_revision);
+        fleet.recorder.converged(
+            now_ns(),
+            task,
+            observed.owner.as_str(),
+            observed.owner_revision,
+        );
     }
     let answered = healthy.elapsed();
     // Every command is answered after it.
@@ -1205,8 +1219,8 @@ async fn restored_from_a_backup(other_writers: bool) -> Option<(Verdict, Duratio
     eprintln!("restore: every task answered {answered:?} after the store was healthy; {writes} writes elsewhere");
     // Every worker that lived through it noticed and said why.
     for proc in fleet.procs.iter() {
-        let log = std::fs::read_to_string(fleet.dir.join(format!("{}.log", proc.id)))
-            .unwrap_or_default();
+        let log =
+            std::fs::read_to_string(fleet.dir.join(format!("{}.log", proc.id))).unwrap_or_default();
         assert!(
             log.contains("HistoryReplaced"),
             "worker {} did not notice the replaced history; its log:\n{log}",

@@ -1639,7 +1639,10 @@ async fn after_a_restore_no_task_is_claimed_while_a_worker_that_did_not_notice_m
         .expect("w3 joins");
     eventually(Duration::from_secs(10), "w3 runs its share", || {
         let live = runs.live();
-        let on_w3 = live.values().filter(|on| on.contains(&"w3".to_owned())).count();
+        let on_w3 = live
+            .values()
+            .filter(|on| on.contains(&"w3".to_owned()))
+            .count();
         (live.len() == 6 && on_w3 == 2).then_some(())
     })
     .await;
@@ -1660,11 +1663,15 @@ async fn after_a_restore_no_task_is_claimed_while_a_worker_that_did_not_notice_m
     // Their next incarnations.
     let w1 = join_tracked(&store, "w1", &runs).await;
     let w2 = join_tracked(&store, "w2", &runs).await;
-    eventually(RESTORE_TTL + Duration::from_secs(10), "every task runs again", || {
-        let live = runs.live();
-        (live.len() == 6 && live.values().all(|on| !on.contains(&"w3".to_owned())))
-            .then_some(())
-    })
+    eventually(
+        RESTORE_TTL + Duration::from_secs(10),
+        "every task runs again",
+        || {
+            let live = runs.live();
+            (live.len() == 6 && live.values().all(|on| !on.contains(&"w3".to_owned())))
+                .then_some(())
+        },
+    )
     .await;
     door.shut.send_replace(false);
     let end = tokio::time::timeout(RESTORE_TTL * 5, w3.closed())
@@ -1678,8 +1685,90 @@ async fn after_a_restore_no_task_is_claimed_while_a_worker_that_did_not_notice_m
         "{end:?}"
     );
     let state = runs.state();
-    assert_eq!(state.most, 1, "two live runs of one task: {:?}", state.overlaps);
+    assert_eq!(
+        state.most, 1,
+        "two live runs of one task: {:?}",
+        state.overlaps
+    );
     drop(state);
     w1.shutdown().await.expect("w1 shuts down");
     w2.shutdown().await.expect("w2 shuts down");
+}
+
+/// A door to the store whose listings never answer in time: a worker that cannot
+/// list (a listing too large for its messages, a store too far).
+#[derive(Clone)]
+struct NoListing {
+    store: MemoryCoordinator,
+}
+
+impl Coordinator for NoListing {
+    fn list(&self, prefix: String) -> BoxFuture<'_, Result<Listing, ClusterError>> {
+        let _ = prefix;
+        Box::pin(async move {
+            Err(ClusterError::Unreachable {
+                op: "list",
+                detail: "the listing is larger than a message may be".into(),
+            })
+        })
+    }
+
+    fn txn(&self, txn: Txn) -> BoxFuture<'_, Result<TxnResult, ClusterError>> {
+        self.store.txn(txn)
+    }
+
+    pass_to_store!(grant, keep_alive, revoke, watch, wait_change);
+}
+
+/// A worker that cannot list counts nowhere: the others do not hand it tasks it
+/// would never run, and it is not listed among the members.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_worker_that_cannot_list_is_handed_no_tasks() {
+    let store = MemoryCoordinator::new();
+    let runs = Runs::default();
+    let w1 = join_tracked(&store, "w1", &runs).await;
+    let controller = Controller::new(store.clone(), "restore").expect("a controller");
+    let tasks: Vec<String> = (0..10).map(|i| format!("t{i}")).collect();
+    for task in &tasks {
+        controller
+            .create(task, Vec::new(), DesiredStage::Running)
+            .await
+            .expect("create");
+    }
+    eventually(Duration::from_secs(10), "w1 runs every task", || {
+        (runs.live().len() == 10).then_some(())
+    })
+    .await;
+    let blind = Worker::builder(
+        NoListing {
+            store: store.clone(),
+        },
+        "restore",
+        "w2",
+    )
+    .lease_keeping(LeaseKeeping::SharedRuntime)
+    .ttl(RESTORE_TTL)
+    .stop_bound(Duration::from_millis(600))
+    .resync(Duration::from_millis(200))
+    .op_timeout(Duration::from_secs(1))
+    .join(|spec| Ok(Task::builder(spec.task.as_str()).unit(Wait)))
+    .await
+    .expect("w2 joins");
+    // Ten resyncs, two TTLs: long enough for a hand-over of half the tasks.
+    let until = Instant::now() + RESTORE_TTL * 2;
+    // Bounded by `until`.
+    while Instant::now() < until {
+        let live = runs.live();
+        assert_eq!(
+            live.len(),
+            10,
+            "a task stopped running after a worker that cannot list joined: {live:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let members = controller.workers().await.expect("the members");
+    let names: Vec<&str> = members.iter().map(|w| w.as_str()).collect();
+    assert_eq!(names, ["w1"], "a worker that cannot list is not a member");
+    drop(blind);
+    w1.shutdown().await.expect("w1 shuts down");
 }

@@ -764,6 +764,22 @@ async fn a_worker_id_stays_listed_while_any_incarnation_lives() {
     let second = join_live(&store, "twice", "w1", &live).await;
     let other = join_live(&store, "twice", "w2", &live).await;
     let controller = Controller::new(store.clone(), "twice").expect("a controller");
+    // Each registers once it has listed the tasks and the members.
+    let end = tokio::time::Instant::now() + Duration::from_secs(5);
+    // Bounded by `end`.
+    while store
+        .dump()
+        .iter()
+        .filter(|kv| kv.key.starts_with("twice/workers/"))
+        .count()
+        < 3
+    {
+        assert!(
+            tokio::time::Instant::now() < end,
+            "three members never registered"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let listed = controller.workers().await.expect("a listing");
     let names: Vec<&str> = listed.iter().map(|w| w.as_str()).collect();
     assert_eq!(names, ["w1", "w2"], "each id once");

@@ -41,7 +41,7 @@ use crate::runtime::{Handle, TaskBuilder};
 
 use self::keeper::Keeper;
 use self::session::{LeaseState, Session, Timing};
-use super::coord::{Coordinator, Op, Txn};
+use super::coord::Coordinator;
 use super::decide;
 use super::error::ClusterError;
 use super::fence::{within, FenceToken, Fencer, Wake};
@@ -304,10 +304,14 @@ impl WorkerBuilder {
         Ok((keys, id, rho))
     }
 
-    /// Joins the cluster: grants the lease, registers the worker under it, and starts
-    /// the keep-alive loop and the deadline guard where [`LeaseKeeping`] says (a
-    /// thread of their own by default), and the reconcile loop on the current tokio
-    /// runtime, where the tasks run.
+    /// Joins the cluster: grants the lease, and starts the keep-alive loop and the
+    /// deadline guard where [`LeaseKeeping`] says (a thread of their own by
+    /// default), and the reconcile loop on the current tokio runtime, where the
+    /// tasks run. The worker registers as a member under its lease once it has
+    /// listed the tasks and the members: from then on it counts in the fair shares
+    /// ([`Controller::workers`](super::Controller::workers) lists it). A worker
+    /// that cannot list (a store too far, or too large a listing) is counted
+    /// nowhere, so no other worker hands it tasks it would never run.
     ///
     /// `factory` builds a task from its spec; it is given the owner's [`Fencer`] so
     /// that the units it builds can fence their side effects. The worker sets the
@@ -343,18 +347,9 @@ impl WorkerBuilder {
         // The store may raise the TTL it was asked for; the smaller of the two is
         // the one the deadline may trust either way.
         let ttl = grant.ttl.min(self.ttl);
-        let register = Txn {
-            when: vec![],
-            then: vec![Op::Put {
-                key: keys.worker(&id, grant.id),
-                value: format!("{:x}", grant.id).into_bytes(),
-                lease: Some(grant.id),
-            }],
-        };
-        if let Err(e) = within(op_timeout, "register worker", self.coord.txn(register)).await {
-            let _ = within(op_timeout, "lease revoke", self.coord.revoke(grant.id)).await;
-            return Err(e);
-        }
+        // The worker registers as a member (and so counts in every worker's fair
+        // share) only once it has listed the tasks and the members: a worker that
+        // cannot list would be handed tasks it never runs (reconcile.rs).
         let epoch = sent;
         let timing = Timing {
             ttl_ms: ttl.as_millis() as u64,

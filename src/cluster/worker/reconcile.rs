@@ -136,6 +136,10 @@ struct Reconciler {
     /// Owner keys (by create revision) the store refused as this worker's: the
     /// cache may still show them as its own until the watch catches up.
     dead: HashMap<TaskId, i64>,
+    /// Whether this worker's member key was written (once its cache knew the
+    /// tasks and the members), and when to try again if not.
+    registered: bool,
+    register_at: Instant,
 }
 
 /// The reconcile loop, until shutdown or the end of the lease.
@@ -183,6 +187,8 @@ pub(super) async fn reconcile(
         retry: BTreeSet::new(),
         starved: BTreeSet::new(),
         dead: HashMap::new(),
+        registered: false,
+        register_at: Instant::now(),
         inner: Arc::clone(&inner),
     };
     let state = &mut loop_state;
@@ -192,6 +198,9 @@ pub(super) async fn reconcile(
         if shutdown.is_cancelled() {
             state.wind_down().await;
             return Ok(());
+        }
+        if !state.registered && state.view.is_known() && Instant::now() >= state.register_at {
+            state.register().await;
         }
         if state.rebalance_due {
             state.rebalance();
@@ -262,6 +271,44 @@ pub(super) async fn reconcile(
 }
 
 impl Reconciler {
+    /// Registers this worker as a member under its lease, once its cache knows
+    /// the tasks and the members; tried again after a resync period when the
+    /// store does not answer.
+    async fn register(&mut self) {
+        let inner = Arc::clone(&self.inner);
+        let txn = Txn {
+            when: vec![],
+            then: vec![Op::Put {
+                key: self.me.clone(),
+                value: format!("{:x}", inner.lease).into_bytes(),
+                lease: Some(inner.lease),
+            }],
+        };
+        let coord = Arc::clone(&inner.control_coord);
+        let timeout = inner.op_timeout;
+        // On the lease thread's runtime, with its connection; bounded by the
+        // call's deadline.
+        let answer = inner
+            .control
+            .spawn(async move { within(timeout, "register worker", coord.txn(txn)).await })
+            .await;
+        match answer {
+            Ok(Ok(_)) => {
+                self.registered = true;
+                self.rebalance_due = true;
+                tracing::info!(worker = %inner.id, "registered as a member");
+            }
+            Ok(Err(error)) => {
+                tracing::debug!(worker = %inner.id, %error, "registering failed; trying again");
+                self.register_at = Instant::now() + inner.resync;
+            }
+            Err(error) => {
+                tracing::debug!(worker = %inner.id, %error, "registering failed; trying again");
+                self.register_at = Instant::now() + inner.resync;
+            }
+        }
+    }
+
     /// Applies a reflector's message to the cache and queues what it changed.
     fn feed(&mut self, feed: Feed) {
         let changes = self.view.feed(feed);
