@@ -1627,6 +1627,17 @@ m118() {
 EOF
 }
 
+m119() {
+  WHERE="runtime/unit.rs: ProgressCell::set"
+  MUTANT="a progress report wakes nobody: a wait on progress returns only when the stage next changes (never, for a unit that runs until stopped)"
+  SUITE="--test newcomer"
+  edit src/runtime/unit.rs <<'EOF'
+        self.changed.notify_waiters();
+@@@@
+        let _ = &self.changed;
+EOF
+}
+
 ALL=$(declare -F | awk '$3 ~ /^m[0-9]+$/ { print substr($3, 2) }' | sort -n | tr '\n' ' ')
 SELECTED=${MUTANTS:-$ALL}
 for n in $SELECTED; do

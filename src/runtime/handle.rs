@@ -284,8 +284,11 @@ impl<C: Send + Sync + 'static> Handle<C> {
     ///
     /// The predicate sees the same [`TaskSnapshot`] this returns. It runs on a copy of
     /// the state with no lock of the task held, so it may call back into the task
-    /// (read a snapshot, issue a command). It is called again after every change,
-    /// and may be called when nothing it reads changed.
+    /// (read a snapshot, issue a command). It is called again after every change of
+    /// the state and after every progress report
+    /// ([`RunContext::report_progress`](crate::RunContext::report_progress)), so a wait
+    /// on progress returns once that progress is reported; it may be called when
+    /// nothing it reads changed.
     ///
     /// # Examples
     ///
@@ -317,21 +320,36 @@ impl<C: Send + Sync + 'static> Handle<C> {
     where
         P: FnMut(&TaskSnapshot) -> bool,
     {
-        let mut ready = None;
-        self.shared()
-            .core()
-            .wait_until(|core: &Snapshot| {
-                let snapshot = self.decorate(core.clone());
-                let holds = predicate(&snapshot);
-                if holds {
-                    ready = Some(snapshot);
-                }
-                holds
-            })
-            .await;
-        match ready {
-            Some(snapshot) => snapshot,
-            None => unreachable!("wait_until returns only once the predicate held"),
+        let progress = &self.shared().runtime().progress;
+        loop {
+            // Enabled before the state is read: a progress report after the read wakes
+            // this wait to look again (a stage change wakes it through the core).
+            let mut reported = std::pin::pin!(progress.changed());
+            reported.as_mut().enable();
+            let mut ready = None;
+            {
+                let mut changed = std::pin::pin!(self.shared().core().wait_until(
+                    |core: &Snapshot| {
+                        let snapshot = self.decorate(core.clone());
+                        let holds = predicate(&snapshot);
+                        if holds {
+                            ready = Some(snapshot);
+                        }
+                        holds
+                    }
+                ));
+                std::future::poll_fn(|cx| {
+                    if changed.as_mut().poll(cx).is_ready() || reported.as_mut().poll(cx).is_ready() {
+                        Poll::Ready(())
+                    } else {
+                        Poll::Pending
+                    }
+                })
+                .await;
+            }
+            if let Some(snapshot) = ready {
+                return snapshot;
+            }
         }
     }
 
