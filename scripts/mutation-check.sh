@@ -1638,6 +1638,44 @@ m119() {
 EOF
 }
 
+m120() {
+  WHERE="runtime/handle.rs: Handle::resume_within"
+  MUTANT="a resume in Pausing is refused at once instead of waiting for the pause to settle: a group's resume after a dropped pause leaves every task Paused"
+  SUITE="--test newcomer"
+  edit src/runtime/handle.rs <<'EOF'
+            }) => {}
+            done => return done.map(drop),
+@@@@
+            }) => return Err(Error::Refused { command: Command::Resume, stage: Stage::Pausing, reason: crate::error::Refusal::StillRunning }),
+            done => return done.map(drop),
+EOF
+}
+
+m121() {
+  WHERE="runtime/builder.rs: TaskBuilder::config"
+  MUTANT="a configuration given after units drops them (the old footgun): .unit(a).config(c).unit(b) spawns a one-unit pipeline"
+  SUITE="--test newcomer"
+  edit src/runtime/builder.rs <<'EOF'
+            units: self
+                .units
+                .into_iter()
+@@@@
+            units: Vec::<Box<dyn DynUnit<()>>>::new()
+                .into_iter()
+EOF
+}
+
+m122() {
+  WHERE="runtime/group.rs: TaskGroup::remove_ended"
+  MUTANT="ended tasks are kept: a long-lived group grows for ever"
+  SUITE="--test newcomer"
+  edit src/runtime/group.rs <<'EOF'
+        self.tasks.retain(|task| !task.stage().is_terminal());
+@@@@
+        self.tasks.retain(|task| !task.stage().is_terminal() || true);
+EOF
+}
+
 ALL=$(declare -F | awk '$3 ~ /^m[0-9]+$/ { print substr($3, 2) }' | sort -n | tr '\n' ' ')
 SELECTED=${MUTANTS:-$ALL}
 for n in $SELECTED; do

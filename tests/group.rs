@@ -138,7 +138,7 @@ async fn the_merged_stream_carries_every_change_of_every_task_in_order() {
             group.add(Task::builder(name).unit(unit).spawn_paused().unwrap());
         }
         let mut events = group.events();
-        let resumed = group.resume_all().await;
+        let resumed = group.resume_all(Duration::from_secs(10)).await;
         assert!(resumed.tasks.iter().all(|t| t.result.is_ok()));
         for task in group.tasks() {
             task.wait_for_stage(|s| s == Stage::Running).await;

@@ -47,3 +47,147 @@ on_both_runtimes! {
         handle.stop().await.unwrap();
     }
 }
+
+/// Takes a second of (paused-clock) time to wind down after a pause or a stop.
+struct Slow;
+
+impl Unit for Slow {
+    async fn run(&mut self, ctx: RunContext) -> Result<RunExit, RunError> {
+        ctx.cancelled().await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        Ok(RunExit::Cancelled)
+    }
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_group_resumes_what_a_dropped_pause_left_pausing() {
+    let mut group = taskstage::TaskGroup::new();
+    for name in ["a", "b"] {
+        group.add(Task::builder(name).unit(Slow).spawn().unwrap());
+    }
+    let running = group
+        .wait_all(|s| s == Stage::Running, Duration::from_secs(5))
+        .await;
+    assert!(running.all_reached(Stage::Running), "{running}");
+    // A controller's pause, dropped in flight (ctrl-c): the tasks are left Pausing.
+    for task in group.tasks() {
+        drop(task.pause_now().unwrap());
+        assert_eq!(task.stage(), Stage::Pausing);
+    }
+    // A plain resume is refused while the run winds down...
+    let refused = group.tasks()[0].resume().await.unwrap_err();
+    assert_eq!(
+        refused.kind(),
+        taskstage::ErrorKind::Refused(taskstage::Refusal::StillRunning)
+    );
+    // ...and the group's resume waits for the pause to settle, then resumes.
+    let resumed = group.resume_all(Duration::from_secs(5)).await;
+    assert!(
+        resumed
+            .tasks
+            .iter()
+            .all(|t| matches!(t.result, Ok(Stage::Resuming | Stage::Running))),
+        "{resumed}"
+    );
+    assert_eq!(resumed.stuck().count(), 0);
+    let running = group
+        .wait_all(|s| s == Stage::Running, Duration::from_secs(5))
+        .await;
+    assert!(running.all_reached(Stage::Running), "{running}");
+    let stopped = group
+        .stop_all(Duration::from_secs(10), taskstage::StopOrder::AllAtOnce)
+        .await;
+    assert!(stopped.all_reached(Stage::Stopped), "{stopped}");
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_resume_within_gives_up_at_its_deadline_and_issues_nothing() {
+    let handle = Task::builder("slow").unit(Slow).spawn().unwrap();
+    handle.wait_for_stage(|s| s == Stage::Running).await;
+    drop(handle.pause_now().unwrap());
+    let err = handle
+        .resume_within(Duration::from_millis(100))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), taskstage::ErrorKind::Timeout);
+    assert_eq!(
+        (err.command(), err.stage()),
+        (taskstage::Command::Resume, Stage::Pausing)
+    );
+    // The pause settles on its own; nothing was resumed.
+    let rest = handle.wait_for_stage(|s| s != Stage::Pausing).await;
+    assert_eq!(rest.stage, Stage::Paused);
+    assert_eq!(rest.generation, 1, "no resume was issued after the timeout");
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_group_wait_names_the_tasks_that_did_not_reach_the_stage() {
+    let mut group = taskstage::TaskGroup::new();
+    group.add(Task::builder("started").unit(Slow).spawn().unwrap());
+    group.add(Task::builder("idle").unit(Slow).spawn_paused().unwrap());
+    let report = group
+        .wait_all(|s| s == Stage::Running, Duration::from_secs(2))
+        .await;
+    assert!(!report.all_reached(Stage::Running), "{report}");
+    let stuck: Vec<_> = report
+        .stuck()
+        .map(|s| (s.task.to_string(), s.stage))
+        .collect();
+    assert_eq!(stuck, [("idle".to_owned(), group.tasks()[1].stage())]);
+    assert!(
+        matches!(report.tasks[0].result, Ok(Stage::Running)),
+        "{report}"
+    );
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_group_counts_removes_and_drops_its_ended_tasks() {
+    let mut group = taskstage::TaskGroup::new();
+    assert!(group.is_empty());
+    // A typed owner is accepted where a handle is.
+    group.add(Task::spawn(Task::builder("typed").unit(Slow)).unwrap());
+    group.add(Task::builder("plain").unit(Slow).spawn().unwrap());
+    group.add(Task::builder("third").unit(Slow).spawn().unwrap());
+    assert_eq!(group.len(), 3);
+    let removed = group.remove(1).expect("a task at index 1");
+    assert_eq!(removed.name(), "plain");
+    assert!(group.remove(5).is_none());
+    assert_eq!(group.len(), 2);
+    assert_eq!(removed.stop().await.unwrap(), Stage::Stopped);
+    group.tasks()[0].stop().await.unwrap();
+    assert_eq!(group.remove_ended(), 1);
+    let names: Vec<_> = group.tasks().iter().map(|t| t.name().to_owned()).collect();
+    assert_eq!(names, ["third"]);
+}
+
+/// Records its name when it runs, then completes.
+struct Step(
+    &'static str,
+    std::sync::Arc<std::sync::Mutex<Vec<&'static str>>>,
+);
+
+impl<C: Send + Sync + 'static> Unit<C> for Step {
+    async fn run(&mut self, _ctx: RunContext<C>) -> Result<RunExit, RunError> {
+        self.1.lock().unwrap().push(self.0);
+        Ok(RunExit::Completed)
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_configuration_given_after_units_keeps_them_in_order() {
+    let ran = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let handle = Task::builder("pipeline")
+        .unit(Step("a", ran.clone()))
+        .config(7_u32)
+        .unit(Step("b", ran.clone()))
+        .spawn()
+        .unwrap();
+    assert_eq!(
+        handle.snapshot().units,
+        2,
+        "the unit added before the configuration was lost"
+    );
+    let done = handle.wait_for_stage(Stage::is_terminal).await;
+    assert_eq!(done.stage, Stage::Finished);
+    assert_eq!(*ran.lock().unwrap(), ["a", "b"]);
+}

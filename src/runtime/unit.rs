@@ -140,6 +140,18 @@ impl<C> RunContext<C> {
         &self.config
     }
 
+    /// The same context without the task's configuration, for a unit of `()`.
+    pub(crate) fn without_config(self) -> RunContext<()> {
+        RunContext {
+            signals: self.signals,
+            resume: self.resume,
+            generation: self.generation,
+            unit: self.unit,
+            config: Arc::new(()),
+            progress: self.progress,
+        }
+    }
+
     /// Publishes how far the unit has got; it shows in the task's snapshot
     /// ([`TaskSnapshot::progress`](crate::TaskSnapshot::progress)), and it wakes every
     /// [`Handle::wait_for`](crate::Handle::wait_for), so a wait on progress returns once
