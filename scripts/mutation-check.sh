@@ -1676,6 +1676,17 @@ m122() {
 EOF
 }
 
+m123() {
+  WHERE="error.rs: RunError::downcast_ref"
+  MUTANT="an error that went through ? is no longer reachable by its type: a classifier cannot tell a blip from a fault"
+  SUITE="--test newcomer"
+  edit src/error.rs <<'EOF'
+        self.inner.downcast_ref::<E>()
+@@@@
+        self.inner.downcast_ref::<E>().filter(|_| false)
+EOF
+}
+
 ALL=$(declare -F | awk '$3 ~ /^m[0-9]+$/ { print substr($3, 2) }' | sort -n | tr '\n' ' ')
 SELECTED=${MUTANTS:-$ALL}
 for n in $SELECTED; do

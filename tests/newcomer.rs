@@ -191,3 +191,35 @@ async fn a_configuration_given_after_units_keeps_them_in_order() {
     assert_eq!(done.stage, Stage::Finished);
     assert_eq!(*ran.lock().unwrap(), ["a", "b"]);
 }
+
+/// Parses its input with `?`, as ordinary code does.
+struct Parse(&'static str);
+
+impl Unit for Parse {
+    async fn run(&mut self, _ctx: RunContext) -> Result<RunExit, RunError> {
+        let _rows: u64 = self.0.parse()?;
+        Ok(RunExit::Completed)
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn question_mark_works_in_a_unit_and_keeps_the_error(
+) -> Result<(), Box<dyn std::error::Error>> {
+    let handle = Task::builder("parse").unit(Parse("twelve")).spawn()?;
+    let paused = handle.wait_for_stage(Stage::is_at_rest).await;
+    assert_eq!(paused.stage, Stage::Paused);
+    let error = paused
+        .outcome
+        .as_ref()
+        .and_then(|o| o.error())
+        .expect("a failure");
+    assert!(
+        error.downcast_ref::<std::num::ParseIntError>().is_some(),
+        "{error:?}"
+    );
+    // And a RunError goes up through `?` in a function returning a boxed error.
+    let boxed: Box<dyn std::error::Error> = error.clone().into();
+    assert_eq!(boxed.to_string(), error.to_string());
+    handle.stop().await?;
+    Ok(())
+}
