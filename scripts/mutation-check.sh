@@ -1687,6 +1687,33 @@ m123() {
 EOF
 }
 
+m124() {
+  WHERE="lifecycle/driver.rs: Driver::new"
+  MUTANT="waiters judge a change as soon as the core makes it, before the runtime told it: stop() returns Stopped while subscribe() and the gauges still say Stopping"
+  SUITE="--test channels"
+  edit src/lifecycle/driver.rs <<'EOF'
+        core.defer_waiters();
+@@@@
+        let _ = &core;
+EOF
+}
+
+m125() {
+  WHERE="lifecycle/driver.rs: Driver::carry_out_at"
+  MUTANT="the run is cancelled before the pause is told: its Paused is logged before the Pausing that led to it"
+  SUITE="--test channels"
+  edit src/lifecycle/driver.rs <<'EOF'
+        if let Some(t) = &transition {
+            this.runtime.published(t);
+@@@@
+        if let Some(handle) = &cancel {
+            handle.cancel();
+        }
+        if let Some(t) = &transition {
+            this.runtime.published(t);
+EOF
+}
+
 ALL=$(declare -F | awk '$3 ~ /^m[0-9]+$/ { print substr($3, 2) }' | sort -n | tr '\n' ' ')
 SELECTED=${MUTANTS:-$ALL}
 for n in $SELECTED; do
