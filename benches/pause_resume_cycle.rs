@@ -32,8 +32,9 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, Criterion};
 use taskstage::lifecycle::{CancelHandle, Interrupt, Lifecycle};
+use taskstage::outcome::Exit;
 use taskstage::table::{self, Input, Verdict};
-use taskstage::{Command, Exit, RunContext, RunError, RunExit, Stage, Task, Unit};
+use taskstage::{Command, RunContext, RunError, RunExit, Stage, Task, Unit};
 use tokio::runtime::Runtime;
 use tokio_util::sync::CancellationToken;
 

@@ -23,7 +23,8 @@ use std::thread;
 use std::time::Instant;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use taskstage::{Handle, RunContext, RunError, RunExit, Stage, StageEvent, Task, Unit};
+use taskstage::runtime::StageEvent;
+use taskstage::{Handle, RunContext, RunError, RunExit, Stage, Task, Unit};
 use tokio_util::sync::CancellationToken;
 
 /// Reads per iteration of every `stage_read*` function.

@@ -73,7 +73,7 @@ type Snapshotter = ();
 /// One task under watch: its handle and the channels opened at its spawn.
 struct Watched {
     handle: Handle,
-    subscriber: tokio::sync::watch::Receiver<taskstage::StageEvent>,
+    subscriber: tokio::sync::watch::Receiver<taskstage::runtime::StageEvent>,
     events: Events,
     last_event: Option<Stage>,
 }

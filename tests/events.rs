@@ -5,7 +5,8 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use taskstage::{Change, Event, Events, Handle, RunContext, RunError, RunExit, Stage, Task, Unit};
+use taskstage::runtime::Change;
+use taskstage::{Event, Events, Handle, RunContext, RunError, RunExit, Stage, Task, Unit};
 
 /// Runs until cancelled.
 struct UntilCancelled;

@@ -20,9 +20,9 @@ use crate::stage::{Command, Stage};
 use crate::sync::{Arc, Weak};
 
 /// How long [`Handle::pause`] waits for the run to return, unless told otherwise.
-pub const DEFAULT_PAUSE_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_PAUSE_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long [`Handle::stop`] lets the run wind down before aborting it.
-pub const DEFAULT_STOP_GRACE: Duration = Duration::from_secs(10);
+pub(crate) const DEFAULT_STOP_GRACE: Duration = Duration::from_secs(10);
 
 /// A handle to one supervised task.
 ///
