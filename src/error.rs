@@ -177,6 +177,7 @@ pub enum BuildError {
 ///     }
 /// }
 ///
+/// # let _ = Load;
 /// let err = RunError::msg("connection reset");
 /// assert_eq!(err.to_string(), "connection reset");
 /// assert!(!err.is_panic());

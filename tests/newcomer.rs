@@ -1,6 +1,10 @@
 //! What a newcomer meets first: waits that return, a builder that keeps every unit,
 //! `?` inside a unit, and groups that can be waited on and drained. Each test names
 //! the hang or the footgun it rules out.
+#![allow(
+    clippy::incompatible_msrv,
+    reason = "built on the toolchain CI uses; rust-version is the library's minimum"
+)]
 
 mod support;
 
@@ -222,4 +226,35 @@ async fn question_mark_works_in_a_unit_and_keeps_the_error(
     assert_eq!(boxed.to_string(), error.to_string());
     handle.stop().await?;
     Ok(())
+}
+
+/// Records whether each run was a resume, then runs until cancelled.
+struct Starts(std::sync::Arc<std::sync::Mutex<Vec<bool>>>);
+
+impl Unit for Starts {
+    async fn run(&mut self, ctx: RunContext) -> Result<RunExit, RunError> {
+        self.0.lock().unwrap().push(ctx.is_resume());
+        ctx.cancelled().await;
+        Ok(RunExit::Cancelled)
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn spawn_paused_leaves_the_task_new_and_its_first_run_is_a_fresh_start() {
+    let starts = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let handle = Task::builder("later")
+        .unit(Starts(starts.clone()))
+        .spawn_paused()
+        .unwrap();
+    let snapshot = handle.snapshot();
+    assert_eq!((snapshot.stage, snapshot.generation), (Stage::New, 0));
+    let refused = handle.pause().await.unwrap_err();
+    assert_eq!(
+        refused.kind(),
+        taskstage::ErrorKind::Refused(taskstage::Refusal::NotStarted)
+    );
+    handle.resume().await.unwrap();
+    handle.wait_for_stage(|s| s == Stage::Running).await;
+    assert_eq!(*starts.lock().unwrap(), [false]);
+    handle.stop().await.unwrap();
 }

@@ -135,6 +135,13 @@ impl<C: Send + Sync + 'static> TaskBuilder<C> {
     /// Spawns the task on the current tokio runtime without starting it: it stays in
     /// New until [`Handle::resume`].
     ///
+    /// The stage is New, not Paused, although nothing runs: Paused says that a run
+    /// returned (its outcome is kept, its unit's next run is a resume), and no run
+    /// has happened yet; the first run after the resume is a fresh start
+    /// ([`RunContext::is_resume`](crate::RunContext::is_resume) is false). A pause
+    /// in New is refused ([`Refusal::NotStarted`](crate::Refusal::NotStarted)); a
+    /// stop closes the units.
+    ///
     /// # Errors
     ///
     /// As [`TaskBuilder::spawn`].
