@@ -24,6 +24,10 @@
 //! the waiter list, and builds each input's effects; the state word keeps nothing but
 //! the word. The difference is the most that replacing the core's lock by a state word
 //! could save per cycle (docs/performance.md, "The state word, bounded").
+#![allow(
+    clippy::incompatible_msrv,
+    reason = "built on the toolchain CI uses; rust-version is the library's minimum"
+)]
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,8 +36,9 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, Criterion};
 use taskstage::lifecycle::{CancelHandle, Interrupt, Lifecycle};
+use taskstage::outcome::Exit;
 use taskstage::table::{self, Input, Verdict};
-use taskstage::{Command, Exit, RunContext, RunError, RunExit, Stage, Task, Unit};
+use taskstage::{Command, RunContext, RunError, RunExit, Stage, Task, Unit};
 use tokio::runtime::Runtime;
 use tokio_util::sync::CancellationToken;
 

@@ -15,6 +15,10 @@
 //! per iteration is at the resolution of the timer and of criterion's loop overhead,
 //! and its ratio to the floor moved between 0.85 and 1.56 from run to run. Criterion
 //! reports the time of a batch; `scripts/bench-report.py` divides it by [`READS`].
+#![allow(
+    clippy::incompatible_msrv,
+    reason = "built on the toolchain CI uses; rust-version is the library's minimum"
+)]
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
@@ -23,7 +27,8 @@ use std::thread;
 use std::time::Instant;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use taskstage::{Handle, RunContext, RunError, RunExit, Stage, StageEvent, Task, Unit};
+use taskstage::runtime::StageEvent;
+use taskstage::{Handle, RunContext, RunError, RunExit, Stage, Task, Unit};
 use tokio_util::sync::CancellationToken;
 
 /// Reads per iteration of every `stage_read*` function.

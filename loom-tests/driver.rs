@@ -22,8 +22,9 @@ use taskstage::lifecycle::driver::{BoxFuture, Driver, RunInfo, Runtime, Work};
 use taskstage::lifecycle::prefix::{self, Defect};
 use taskstage::lifecycle::signal::{self, RunSignal};
 use taskstage::lifecycle::{CancelHandle, Interrupt, Lifecycle, Settle, Snapshot};
+use taskstage::outcome::Exit;
 use taskstage::sync::{lock, Arc, AtomicBool, AtomicUsize, Mutex, Ordering};
-use taskstage::{Command, Exit, Outcome, RunError, Stage};
+use taskstage::{Command, Outcome, RunError, Stage};
 
 use crate::harness::{block_on, explore};
 

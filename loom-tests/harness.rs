@@ -32,8 +32,9 @@ use loom::thread;
 use taskstage::lifecycle::{
     Applied, CancelHandle, Interrupt, Lifecycle, Settle, Snapshot, Start, StartKind, Transition,
 };
+use taskstage::outcome::Exit;
 use taskstage::sync::{Arc, AtomicBool, AtomicU64, Ordering};
-use taskstage::{Command, Error, Exit, Outcome, RunError, Stage};
+use taskstage::{Command, Error, Outcome, RunError, Stage};
 
 /// The effects of one accepted input, as the core (and the pre-fix protocol) return them.
 pub(crate) type Fx = Applied<ModelCancel, (), ()>;

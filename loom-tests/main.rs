@@ -19,6 +19,10 @@
 //! accepted in Resuming", "run report: Stopping -> Stopping", ...) and in how many
 //! interleavings; the tests assert that the situations each model is about were
 //! reached.
+#![allow(
+    clippy::incompatible_msrv,
+    reason = "built on the toolchain CI uses; rust-version is the library's minimum"
+)]
 #![cfg(taskstage_loom)]
 
 /// Checks a condition inside a model; on failure records the message (see

@@ -24,8 +24,9 @@ use std::task::{Context, Wake, Waker};
 
 use loom::thread::{self, JoinHandle};
 use taskstage::lifecycle::{Settle, StartKind};
+use taskstage::outcome::Exit;
 use taskstage::sync::Arc;
-use taskstage::{Command, Exit, RunError, Stage};
+use taskstage::{Command, RunError, Stage};
 
 use crate::harness::{
     check_end, cover, explore, survey, violated, Behaviour, Core, Driver, Event, Explored,

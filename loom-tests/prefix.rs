@@ -10,9 +10,10 @@
 //! back: look at the task, then resume it whatever happened in between.
 
 use taskstage::lifecycle::{Applied, CancelHandle, Snapshot, Start, StartKind, Transition};
+use taskstage::outcome::Exit;
 use taskstage::sync::{lock, Arc, Mutex};
 use taskstage::table::Input;
-use taskstage::{Command, Error, Exit, Outcome, Refusal, Stage};
+use taskstage::{Command, Error, Outcome, Refusal, Stage};
 
 use crate::harness::{Core, Fx, ModelCancel, Protocol, Wait};
 

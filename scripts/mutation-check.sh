@@ -1682,6 +1682,93 @@ m123() {
 EOF
 }
 
+m126() {
+  WHERE="runtime/unit.rs: ProgressCell::set"
+  MUTANT="a progress report wakes nobody: a wait on progress returns only when the stage next changes (never, for a unit that runs until stopped)"
+  SUITE="--test newcomer"
+  edit src/runtime/unit.rs <<'EOF'
+        self.changed.notify_waiters();
+@@@@
+        let _ = &self.changed;
+EOF
+}
+
+m127() {
+  WHERE="runtime/handle.rs: Handle::resume_within"
+  MUTANT="a resume in Pausing is refused at once instead of waiting for the pause to settle: a group's resume after a dropped pause leaves every task Paused"
+  SUITE="--test newcomer"
+  edit src/runtime/handle.rs <<'EOF'
+            }) => {}
+            done => return done.map(drop),
+@@@@
+            }) => return Err(Error::Refused { command: Command::Resume, stage: Stage::Pausing, reason: crate::error::Refusal::StillRunning }),
+            done => return done.map(drop),
+EOF
+}
+
+m128() {
+  WHERE="runtime/builder.rs: TaskBuilder::config"
+  MUTANT="a configuration given after units drops them (the old footgun): .unit(a).config(c).unit(b) spawns a one-unit pipeline"
+  SUITE="--test newcomer"
+  edit src/runtime/builder.rs <<'EOF'
+            units: self
+                .units
+                .into_iter()
+@@@@
+            units: Vec::<Box<dyn DynUnit<()>>>::new()
+                .into_iter()
+EOF
+}
+
+m129() {
+  WHERE="runtime/group.rs: TaskGroup::remove_ended"
+  MUTANT="ended tasks are kept: a long-lived group grows for ever"
+  SUITE="--test newcomer"
+  edit src/runtime/group.rs <<'EOF'
+        self.tasks.retain(|task| !task.stage().is_terminal());
+@@@@
+        self.tasks.retain(|task| !task.stage().is_terminal() || true);
+EOF
+}
+
+m130() {
+  WHERE="error.rs: RunError::downcast_ref"
+  MUTANT="an error that went through ? is no longer reachable by its type: a classifier cannot tell a blip from a fault"
+  SUITE="--test newcomer"
+  edit src/error.rs <<'EOF'
+        self.inner.downcast_ref::<E>()
+@@@@
+        self.inner.downcast_ref::<E>().filter(|_| false)
+EOF
+}
+
+m131() {
+  WHERE="lifecycle/driver.rs: Driver::new"
+  MUTANT="waiters judge a change as soon as the core makes it, before the runtime told it: stop() returns Stopped while subscribe() and the gauges still say Stopping"
+  SUITE="--test channels"
+  edit src/lifecycle/driver.rs <<'EOF'
+        core.defer_waiters();
+@@@@
+        let _ = &core;
+EOF
+}
+
+m132() {
+  WHERE="lifecycle/driver.rs: Driver::carry_out_at"
+  MUTANT="the run is cancelled before the pause is told: its Paused is logged before the Pausing that led to it"
+  SUITE="--test channels"
+  edit src/lifecycle/driver.rs <<'EOF'
+        if let Some(t) = &transition {
+            this.runtime.published(t);
+@@@@
+        if let Some(handle) = &cancel {
+            handle.cancel();
+        }
+        if let Some(t) = &transition {
+            this.runtime.published(t);
+EOF
+}
+
 ALL=$(declare -F | awk '$3 ~ /^m[0-9]+$/ { print substr($3, 2) }' | sort -n | tr '\n' ' ')
 SELECTED=${MUTANTS:-$ALL}
 for n in $SELECTED; do

@@ -151,17 +151,41 @@ pub enum BuildError {
 ///
 /// Cheap to clone (it is shared), so snapshots and subscribers can all hold it.
 ///
+/// It works the way `anyhow::Error` does, so `?` works inside a unit: every error
+/// type (`std::error::Error + Send + Sync + 'static`) converts into it and stays
+/// reachable for a downcast ([`RunError::downcast_ref`]); text becomes one with
+/// [`RunError::msg`]. For that conversion to exist, `RunError` itself does not
+/// implement `std::error::Error` (it would convert into itself); it converts into
+/// `Box<dyn std::error::Error + Send + Sync>` (and `Box<dyn std::error::Error>`), so
+/// `?` on it works in a function that returns one of those, and
+/// [`RunError::as_error`] lends it as one.
+///
 /// # Examples
 ///
 /// ```
-/// use taskstage::RunError;
+/// use taskstage::{RunContext, RunError, RunExit, Unit};
 ///
+/// struct Load;
+///
+/// impl Unit for Load {
+///     async fn run(&mut self, _ctx: RunContext) -> Result<RunExit, RunError> {
+///         let rows: u64 = "12".parse()?; // any error type converts
+///         if rows == 0 {
+///             return Err(RunError::msg("nothing to load")); // and so does text
+///         }
+///         Ok(RunExit::Completed)
+///     }
+/// }
+///
+/// # let _ = Load;
 /// let err = RunError::msg("connection reset");
 /// assert_eq!(err.to_string(), "connection reset");
 /// assert!(!err.is_panic());
 ///
 /// let io = std::io::Error::new(std::io::ErrorKind::TimedOut, "slow disk");
-/// assert_eq!(RunError::new(io).to_string(), "slow disk");
+/// let err = RunError::from(io);
+/// assert_eq!(err.to_string(), "slow disk");
+/// assert_eq!(err.downcast_ref::<std::io::Error>().map(|e| e.kind()), Some(std::io::ErrorKind::TimedOut));
 /// ```
 #[derive(Clone)]
 pub struct RunError {
@@ -188,7 +212,7 @@ impl fmt::Display for Message {
 impl StdError for Message {}
 
 impl RunError {
-    /// Wraps any error.
+    /// Wraps any error; the same as `RunError::from(error)` or `?`.
     pub fn new<E>(error: E) -> Self
     where
         E: StdError + Send + Sync + 'static,
@@ -199,9 +223,10 @@ impl RunError {
         }
     }
 
-    /// An error with just a message.
-    pub fn msg(message: impl Into<String>) -> Self {
-        RunError::new(Message(message.into()))
+    /// An error with just a message: text (`&str`, `String`), or anything that
+    /// displays.
+    pub fn msg(message: impl fmt::Display) -> Self {
+        RunError::new(Message(message.to_string()))
     }
 
     /// The error recorded when a unit panics; the message is the panic's, when it was
@@ -252,6 +277,54 @@ impl RunError {
     pub fn get_ref(&self) -> &(dyn StdError + Send + Sync + 'static) {
         &*self.inner
     }
+
+    /// The wrapped error, if it is of type `E`.
+    pub fn downcast_ref<E: StdError + 'static>(&self) -> Option<&E> {
+        self.inner.downcast_ref::<E>()
+    }
+
+    /// The error as a `std::error::Error`, for an API that wants one (its `source`
+    /// is the wrapped error's).
+    pub fn as_error(&self) -> &(dyn StdError + Send + Sync + 'static) {
+        &*self.inner
+    }
+}
+
+impl<E> From<E> for RunError
+where
+    E: StdError + Send + Sync + 'static,
+{
+    fn from(error: E) -> Self {
+        RunError::new(error)
+    }
+}
+
+impl From<RunError> for Box<dyn StdError + Send + Sync + 'static> {
+    fn from(error: RunError) -> Self {
+        Box::new(Shared(error))
+    }
+}
+
+impl From<RunError> for Box<dyn StdError + 'static> {
+    fn from(error: RunError) -> Self {
+        Box::new(Shared(error))
+    }
+}
+
+/// A [`RunError`] boxed as a `std::error::Error`: it shows as the error it wraps.
+#[derive(Debug)]
+struct Shared(RunError);
+
+impl fmt::Display for Shared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl StdError for Shared {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        self.0.inner.source()
+    }
 }
 
 impl fmt::Debug for RunError {
@@ -266,11 +339,5 @@ impl fmt::Debug for RunError {
 impl fmt::Display for RunError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Display::fmt(&self.inner, f)
-    }
-}
-
-impl StdError for RunError {
-    fn source(&self) -> Option<&(dyn StdError + 'static)> {
-        self.inner.source()
     }
 }

@@ -54,55 +54,56 @@
 //! - **Stages and commands**: [`Stage`], [`Command`]; what the last run returned:
 //!   [`Outcome`].
 //! - **Running work** ([`runtime`]): the [`Unit`] trait and its [`RunContext`]
-//!   ([`RunExit`], [`Progress`]); [`Task::builder`] → [`TaskBuilder`] → [`Handle`], the
-//!   cloneable async handle ([`TaskSnapshot`], [`WeakHandle`]; commands issued now and
-//!   awaited later: [`Settling`]); every change as a
-//!   stream: [`Events`] of [`Event`] ([`Change`], or an explicit lag); the latest
-//!   change only: [`StageEvent`].
-//! - **Many tasks at once**: [`TaskGroup`] (pause all, stop all with one deadline,
-//!   [`StopOrder`]), its [`GroupReport`] ([`TaskReport`], [`Stuck`]) and merged
-//!   [`GroupEvents`].
+//!   ([`RunExit`]); [`Task::builder`] → [`TaskBuilder`] → [`Handle`], the cloneable
+//!   async handle, whose [`TaskSnapshot`] shows the stage, the outcome and the
+//!   progress; every change as a stream: [`Events`] of [`Event`].
+//! - **Many tasks at once**: [`TaskGroup`] (pause, resume, stop or wait for all within
+//!   one deadline, [`StopOrder`]) and its [`GroupReport`].
 //! - **Typed owner** ([`typestate`]): [`Task<S>`](Task), whose type names its stage so
-//!   that invalid commands do not compile; the stages a racing transition can reach:
-//!   [`AnyTask`](typestate::AnyTask), [`AtRest`](typestate::AtRest),
-//!   [`Ended`](typestate::Ended), [`Started`](typestate::Started); errors that give the
-//!   task back: [`TaskError`](typestate::TaskError).
+//!   that invalid commands do not compile.
 //! - **Auto-resume** ([`policy`]): resumes tasks paused by resumable errors, with
 //!   backoff.
 //! - **Testing your units** (feature `testing`): the `testing` module's `Runner`
 //!   drives your pipeline under generated `Schedules` and reports the minimal failing
 //!   schedule.
 //! - **Errors**: [`Error`] (refused or timed-out commands, naming the command and the
-//!   stage) and its [`ErrorKind`], [`BuildError`], [`RunError`] (what a run
-//!   returned), [`Refusal`]; an outcome's [`OutcomeKind`].
-//! - **The layers below**: [`table`], the pure transition table (the only place a
-//!   transition is decided); [`lifecycle`], the runtime-agnostic core, and
-//!   [`lifecycle::driver`], the runtime layer's protocol written once (the tokio layer
-//!   plugs into it, and so do the loom models, which check both); [`sync`], the shim
-//!   through which they get their sync types.
+//!   stage) and its [`ErrorKind`] and [`Refusal`]; [`BuildError`]; [`RunError`], what
+//!   a run returned (`?` converts any error into it).
 //!
-//! The design, the normative table and the invariants are in `docs/design.md`; the
-//! rendered table is `docs/stages.md`; how it is checked is `docs/verification.md`.
+//! The rest of the runtime's vocabulary (weak handles, observers, the latest change
+//! only, a group's merged events, commands issued now and awaited later) is in
+//! [`runtime`].
+//!
+//! The design, the normative table and the invariants:
+//! [docs/design.md](https://github.com/taskstage/taskstage/blob/main/docs/design.md);
+//! the rendered table:
+//! [docs/stages.md](https://github.com/taskstage/taskstage/blob/main/docs/stages.md);
+//! how it is checked:
+//! [docs/verification.md](https://github.com/taskstage/taskstage/blob/main/docs/verification.md).
 //!
 //! # Features
 //!
 //! - **`metrics`** (off by default): reports tasks per stage, transitions, refused
 //!   commands, pause and stop latencies and auto-resumes through the
 //!   [`metrics`](https://docs.rs/metrics) facade, to whatever recorder the application
-//!   installs. The names and labels are listed in `docs/events.md`.
+//!   installs. The names and labels are listed in
+//!   [docs/events.md](https://github.com/taskstage/taskstage/blob/main/docs/events.md).
 //! - **`etcd`** (off by default): the `cluster` module, one run of a task anywhere in
 //!   a cluster of workers coordinated through etcd, with leases and fencing (its
-//!   `Controller` and `Worker`; design and safety argument in `docs/cluster.md`). It
+//!   `Controller` and `Worker`; design and safety argument in
+//!   [docs/cluster.md](https://github.com/taskstage/taskstage/blob/main/docs/cluster.md)). It
 //!   pulls in the `etcd-client` crate, whose build needs `protoc` (Debian:
 //!   `protobuf-compiler` and `libprotobuf-dev`); its integration tests need an `etcd`
 //!   binary. The default build needs neither.
 //! - **`testing`** (off by default): the `testing` module, a kit to property-test
 //!   your own units under generated pause, resume, stop and restart schedules: it
 //!   counts live runs itself, checks every pause and stop, and shrinks a failing
-//!   schedule to a minimal one with its stage timeline (`docs/testing.md`). It pulls
+//!   schedule to a minimal one with its stage timeline
+//!   ([docs/testing.md](https://github.com/taskstage/taskstage/blob/main/docs/testing.md)). It pulls
 //!   in `proptest` and tokio's `test-util` (the paused clock).
 //! - **`cli`** (off by default): the `taskstage` command, which operates a cluster
-//!   from the shell through the public `Controller` (`docs/cli.md`); it turns on
+//!   from the shell through the public `Controller`
+//!   ([docs/cli.md](https://github.com/taskstage/taskstage/blob/main/docs/cli.md)); it turns on
 //!   `etcd` and pulls in `clap`, `clap_complete` and `serde_json`. The library
 //!   itself is the same with or without it: `cargo install taskstage --features cli`.
 //!
@@ -115,16 +116,28 @@
 #![doc(test(attr(deny(warnings))))]
 
 #[cfg(all(feature = "etcd", not(taskstage_loom)))]
+#[allow(
+    clippy::incompatible_msrv,
+    reason = "the etcd feature needs Rust 1.88 (tonic 0.14); rust-version is the default features' minimum"
+)]
 pub mod cluster;
+#[doc(hidden)]
 pub mod error;
+// The layers below the runtime: reachable (the loom models in `loom-tests/` drive
+// them), but not part of the documented surface.
+#[doc(hidden)]
 pub mod lifecycle;
+#[doc(hidden)]
 pub mod outcome;
 #[cfg(not(taskstage_loom))]
 pub mod policy;
 #[cfg(not(taskstage_loom))]
 pub mod runtime;
+#[doc(hidden)]
 pub mod stage;
+#[doc(hidden)]
 pub mod sync;
+#[doc(hidden)]
 pub mod table;
 #[cfg(all(feature = "testing", not(taskstage_loom)))]
 pub mod testing;
@@ -132,12 +145,11 @@ pub mod testing;
 pub mod typestate;
 
 pub use error::{BuildError, Error, ErrorKind, Refusal, RunError};
-pub use outcome::{Exit, Outcome, OutcomeKind};
+pub use outcome::Outcome;
 #[cfg(not(taskstage_loom))]
 pub use runtime::{
-    Change, Event, Events, GroupEvents, GroupReport, Handle, Progress, RunContext, RunExit,
-    Settling, StageEvent, StopOrder, Stuck, TaskBuilder, TaskGroup, TaskObserver, TaskReport,
-    TaskSnapshot, Unit, WeakHandle,
+    Event, Events, GroupReport, Handle, RunContext, RunExit, StopOrder, TaskBuilder, TaskGroup,
+    TaskSnapshot, Unit,
 };
 pub use stage::{Command, Stage};
 #[cfg(not(taskstage_loom))]

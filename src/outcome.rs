@@ -36,7 +36,8 @@ impl Outcome {
     /// # Examples
     ///
     /// ```
-    /// use taskstage::{Outcome, OutcomeKind, RunError};
+    /// use taskstage::runtime::OutcomeKind;
+/// use taskstage::{Outcome, RunError};
     ///
     /// let failed = Outcome::Failed(RunError::msg("disk full"));
     /// assert_eq!(failed.kind(), OutcomeKind::Failed);

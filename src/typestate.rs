@@ -709,6 +709,33 @@ impl<C: Send + Sync + 'static> AnyTask<C> {
     }
 }
 
+impl<S: StageMarker, C: Send + Sync + 'static> From<Task<S, C>> for Handle<C> {
+    /// The typed owner's handle: so a [`TaskGroup`](crate::TaskGroup) or an
+    /// [`AutoResume`](crate::policy::AutoResume) accepts a typed owner wherever it
+    /// accepts a handle.
+    fn from(task: Task<S, C>) -> Self {
+        task.into_handle()
+    }
+}
+
+impl<S: StageMarker, C: Send + Sync + 'static> AsRef<Handle<C>> for Task<S, C> {
+    fn as_ref(&self) -> &Handle<C> {
+        &self.handle
+    }
+}
+
+impl<C: Send + Sync + 'static> AsRef<Handle<C>> for AnyTask<C> {
+    fn as_ref(&self) -> &Handle<C> {
+        self.handle()
+    }
+}
+
+impl<C: Send + Sync + 'static> From<AnyTask<C>> for Handle<C> {
+    fn from(task: AnyTask<C>) -> Self {
+        task.into_handle()
+    }
+}
+
 impl<C: Send + Sync + 'static> From<Handle<C>> for AnyTask<C> {
     fn from(handle: Handle<C>) -> Self {
         AnyTask::from_handle(handle)

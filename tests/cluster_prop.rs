@@ -42,6 +42,10 @@
 //! that ignores cancellation, time out with an error naming the task, its owner and
 //! the stage it is stuck in; a stop then escalates to abort and is answered. Each case must end
 //! within 30 s of real time.
+#![allow(
+    clippy::incompatible_msrv,
+    reason = "built on the toolchain CI uses; rust-version is the library's minimum"
+)]
 
 mod cluster_support;
 

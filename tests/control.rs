@@ -1,11 +1,16 @@
 //! Control calls that never block: a command accepted now, its wait awaited later.
+#![allow(
+    clippy::incompatible_msrv,
+    reason = "built on the toolchain CI uses; rust-version is the library's minimum"
+)]
 
 mod support;
 
 use std::time::Duration;
 
 use support::{scripted, stubborn, Live, Order};
-use taskstage::{Command, ErrorKind, OutcomeKind, Refusal, Stage, Task};
+use taskstage::runtime::OutcomeKind;
+use taskstage::{Command, ErrorKind, Refusal, Stage, Task};
 
 #[tokio::test(start_paused = true)]
 async fn pause_now_is_accepted_at_once_and_settles_when_the_run_returns() {

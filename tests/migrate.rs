@@ -5,6 +5,10 @@
 //! Bad input (a missing directory, a file that is not a database, a locked target, an
 //! incompatible schema, another source's target, bad flags) gets a typed error, and
 //! the source's bytes never change.
+#![allow(
+    clippy::incompatible_msrv,
+    reason = "built on the toolchain CI uses; rust-version is the library's minimum"
+)]
 
 #[path = "../examples/migrate/cli.rs"]
 mod cli;

@@ -13,6 +13,10 @@
 //! alive any more.
 //!
 //! 10,000 cases by default; `PROPTEST_CASES` overrides it.
+#![allow(
+    clippy::incompatible_msrv,
+    reason = "built on the toolchain CI uses; rust-version is the library's minimum"
+)]
 
 mod common;
 
@@ -392,12 +396,12 @@ impl Driver {
     }
 }
 
-fn core_exit(kind: Kind, generation: u64, exit: Exit) -> taskstage::Exit {
+fn core_exit(kind: Kind, generation: u64, exit: Exit) -> taskstage::outcome::Exit {
     match exit {
-        Exit::Ok => taskstage::Exit::Ok,
-        Exit::Cancelled => taskstage::Exit::Cancelled,
+        Exit::Ok => taskstage::outcome::Exit::Ok,
+        Exit::Cancelled => taskstage::outcome::Exit::Cancelled,
         Exit::Failed(_) => {
-            taskstage::Exit::Failed(RunError::msg(failure_message(kind, generation)))
+            taskstage::outcome::Exit::Failed(RunError::msg(failure_message(kind, generation)))
         }
     }
 }
@@ -436,7 +440,7 @@ impl StateMachineTest for CoreTest {
                 let exit = core_exit(kind, generation, exit);
                 let applied = match kind {
                     // A completed run closes its unit before it reports.
-                    Kind::Run if matches!(exit, taskstage::Exit::Ok) => {
+                    Kind::Run if matches!(exit, taskstage::outcome::Exit::Ok) => {
                         driver.closes[unit] += 1;
                         driver.core.report_exit(generation, exit, None)
                     }

@@ -1,6 +1,10 @@
 //! The graceful-shutdown example (`examples/shutdown.rs`), run as its `main` runs it:
 //! the group of three tasks, one of whose units ignores cancellation, stopped within
 //! one deadline.
+#![allow(
+    clippy::incompatible_msrv,
+    reason = "built on the toolchain CI uses; rust-version is the library's minimum"
+)]
 
 #[allow(dead_code, unreachable_pub)] // reason: the example's `main` is not called here
 #[path = "../examples/shutdown.rs"]

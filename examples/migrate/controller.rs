@@ -8,9 +8,9 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use taskstage::runtime::{Change, Progress};
 use taskstage::{
-    BuildError, Change, Command, Error, Event, Events, Handle, Outcome, Progress, Refusal, Stage,
-    Task, TaskSnapshot,
+    BuildError, Command, Error, Event, Events, Handle, Outcome, Refusal, Stage, Task, TaskSnapshot,
 };
 use tokio::sync::watch;
 use tokio::task::JoinHandle;

@@ -162,6 +162,8 @@ where
 {
     /// A task in New.
     pub fn new(core: Lifecycle<K, C, U>, runtime: R) -> Self {
+        // Every accepted change goes through `carry_out_at`, which tells it.
+        core.defer_waiters();
         Driver {
             core,
             runtime,
@@ -270,14 +272,20 @@ where
             close,
             orphan,
         } = applied;
+        // Told before the cancel is carried out: the run it cancels reports its exit
+        // (the next change) only after this one is out, so every channel tells the
+        // changes in the core's order.
+        if let Some(t) = &transition {
+            this.runtime.published(t);
+            // Only now the waiters: a command that returns the new stage finds the
+            // runtime's channels (subscribers, logs, metrics) telling it already.
+            this.core.told(t.seq);
+        }
         if let Some(handle) = cancel {
             handle.cancel();
         }
         // A unit's `Drop` is user code: here, with no lock held.
         drop(orphan);
-        if let Some(t) = &transition {
-            this.runtime.published(t);
-        }
         if let Some(start) = start {
             this.runtime.spawn(run(Arc::clone(this), start));
         }

@@ -295,6 +295,15 @@ struct State<K, C, U> {
     waiters: Waiters,
     /// Every change since the first subscription, bounded; `None` until then.
     journal: Option<Journal>,
+    /// Every change up to this one has been told to the driver's runtime (its
+    /// subscribers, logs and metrics): see [`Lifecycle::defer_waiters`]. Equal to
+    /// `seq` unless waiters are deferred.
+    told: u64,
+    /// Changes told out of order, above `told + 1`.
+    told_early: Vec<u64>,
+    /// Whether the async waiters judge a change only once it was told
+    /// ([`Lifecycle::told`]), rather than as soon as it is made.
+    defer: bool,
     /// Threads blocked in `settled_blocking` on the condition variable. Changed only
     /// under the lock, so a change that reads it as zero cannot miss a thread: one
     /// that blocks later checks its condition first, under the same lock.
@@ -346,6 +355,9 @@ impl<K: CancelHandle, C, U> Lifecycle<K, C, U> {
                 user_paused: false,
                 config,
                 seq: 0,
+                told: 0,
+                told_early: Vec::new(),
+                defer: false,
                 waiters: Waiters::default(),
                 journal: None,
                 blocked: 0,
@@ -652,16 +664,55 @@ impl<K: CancelHandle, C, U> Lifecycle<K, C, U> {
                 journal.push(change);
             }
         }
-        let wakers = state.waiters.take();
+        // Deferred, the async waiters are woken when the change is told (`told`).
+        let wakers = (!state.defer).then(|| {
+            state.told = state.seq;
+            state.waiters.take()
+        });
         let notify_threads = state.blocked > 0;
         drop(state);
         // Invariant 7: wake after the lock is released. The condition variable is
         // notified only when a thread is blocked on it (a notify is a system call).
-        wakers.wake();
+        if let Some(wakers) = wakers {
+            wakers.wake();
+        }
         if notify_threads {
             self.changed.notify_all();
         }
         Ok(applied)
+    }
+
+    /// Makes the async waiters ([`Lifecycle::settled`], [`Lifecycle::wait_until`])
+    /// judge a change only once the driver has told its runtime of it and said so
+    /// with [`Lifecycle::told`]: a command that returns stage S then finds every
+    /// channel the runtime feeds (subscribers, logs, metrics) telling S already.
+    /// Called once, before the first input, by a driver that tells every accepted
+    /// change; a change never told would hold its waiters for ever.
+    pub fn defer_waiters(&self) {
+        lock(&self.state).defer = true;
+    }
+
+    /// Says that change `seq` (a [`Transition::seq`]) has been told to the runtime,
+    /// and wakes the waiters once every change up to the latest was told. Changes may
+    /// be told out of order; a waiter goes on only when none before it is missing.
+    pub fn told(&self, seq: u64) {
+        let wakers = {
+            let mut state = lock(&self.state);
+            if seq == state.told + 1 {
+                state.told = seq;
+                while let Some(at) = state.told_early.iter().position(|&s| s == state.told + 1) {
+                    state.told_early.swap_remove(at);
+                    state.told += 1;
+                }
+            } else if seq > state.told {
+                state.told_early.push(seq);
+            }
+            (state.told == state.seq).then(|| state.waiters.take())
+        };
+        // Invariant 7: woken with the lock released.
+        if let Some(wakers) = wakers {
+            wakers.wake();
+        }
     }
 
     /// Starts journaling changes (keeping at least `capacity` of them), and returns the
@@ -949,8 +1000,14 @@ impl<K, C, U> Future for Settled<'_, K, C, U> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Stage> {
         let this = self.get_mut();
         let mut state: MutexGuard<'_, State<K, C, U>> = lock(&this.core.state);
-        // `reached` is the crate's own code: it may run under the lock.
-        if let Some(stage) = this.settle.reached(state.stage, state.generation) {
+        // `reached` is the crate's own code: it may run under the lock. A change not
+        // told yet is not judged: its waiters are woken when it is (`told`).
+        let told = state.told == state.seq;
+        if let Some(stage) = this
+            .settle
+            .reached(state.stage, state.generation)
+            .filter(|_| told)
+        {
             state.waiters.remove(this.id.take());
             return Poll::Ready(stage);
         }
@@ -994,6 +1051,10 @@ where
         let snapshot = {
             let mut state = lock(&this.core.state);
             state.waiters.register(&mut this.id, cx.waker());
+            // A change not told yet is not judged: `told` wakes this waiter.
+            if state.told != state.seq {
+                return Poll::Pending;
+            }
             state.snapshot()
         };
         // Invariant 7: the predicate is user code; no lock of ours is held here.

@@ -210,6 +210,7 @@ type Classifier = dyn Fn(&RunError) -> bool + Send + Sync;
 /// # Ok(())
 /// # }
 /// ```
+#[must_use = "dropping the last clone of the policy stops its driver"]
 pub struct AutoResume<C: Send + Sync + 'static = ()> {
     owner: Arc<Owner<C>>,
 }
@@ -807,14 +808,17 @@ impl<C: Send + Sync + 'static> AutoResume<C> {
         &self.inner().settings
     }
 
-    /// Watches a task, and returns its key.
+    /// Watches a task (a [`Handle`], or a typed owner: [`Task<S>`](crate::Task),
+    /// [`AnyTask`](crate::typestate::AnyTask)), and returns its key. The policy keeps
+    /// a weak handle: it never keeps the task alive.
     ///
     /// The task is observed at once: a task already Paused by a failure is classified
     /// now (the classifier runs on the caller's thread) and its first delay starts
     /// now. A task already Stopped or Finished is not kept (its status is `None`).
     /// Adding the same task twice watches it twice, with two independent states;
     /// don't.
-    pub fn add(&self, handle: &Handle<C>) -> TaskId {
+    pub fn add<T: AsRef<Handle<C>>>(&self, task: &T) -> TaskId {
+        let handle = task.as_ref();
         let inner = self.inner();
         let now = Instant::now();
         let snap = handle.snapshot();

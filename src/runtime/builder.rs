@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::events::{Events, DEFAULT_EVENT_CAPACITY};
 use super::handle::{Handle, DEFAULT_PAUSE_TIMEOUT, DEFAULT_STOP_GRACE};
 use super::shared::new_task;
-use super::unit::{DynUnit, Unit};
+use super::unit::{DynUnit, RunContext, Unit};
 use crate::error::BuildError;
 use crate::lifecycle::driver::Driver;
 use crate::stage::Command;
@@ -51,13 +51,22 @@ impl TaskBuilder<()> {
         }
     }
 
-    /// Gives the task a configuration of type `C`; units receive it through
-    /// [`RunContext::config`](crate::RunContext::config) and
-    /// [`Unit::apply_config`]. Call it before adding units.
+    /// Gives the task a configuration of type `C`; the units added after it receive
+    /// it through [`RunContext::config`](crate::RunContext::config) and
+    /// [`Unit::apply_config`].
+    ///
+    /// Units added before it stay in the pipeline, in their place: they are units
+    /// without a configuration (`Unit<()>`), so they run as they would in a task
+    /// without one, and an [`update`](crate::Handle::update) does not concern them.
+    /// The builder never drops a unit.
     pub fn config<C: Send + Sync + 'static>(self, config: C) -> TaskBuilder<C> {
         TaskBuilder {
             name: self.name,
-            units: Vec::new(),
+            units: self
+                .units
+                .into_iter()
+                .map(|unit| Box::new(Unconfigured(unit)) as Box<dyn DynUnit<C>>)
+                .collect(),
             config,
             pause_timeout: self.pause_timeout,
             stop_grace: self.stop_grace,
@@ -126,6 +135,13 @@ impl<C: Send + Sync + 'static> TaskBuilder<C> {
     /// Spawns the task on the current tokio runtime without starting it: it stays in
     /// New until [`Handle::resume`].
     ///
+    /// The stage is New, not Paused, although nothing runs: Paused says that a run
+    /// returned (its outcome is kept, its unit's next run is a resume), and no run
+    /// has happened yet; the first run after the resume is a fresh start
+    /// ([`RunContext::is_resume`](crate::RunContext::is_resume) is false). A pause
+    /// in New is refused ([`Refusal::NotStarted`](crate::Refusal::NotStarted)); a
+    /// stop closes the units.
+    ///
     /// # Errors
     ///
     /// As [`TaskBuilder::spawn`].
@@ -144,6 +160,34 @@ impl<C: Send + Sync + 'static> TaskBuilder<C> {
             self.stop_grace,
             self.event_capacity,
         ))
+    }
+}
+
+/// A unit added before the configuration: it runs as a unit of `()`, and the task's
+/// configuration does not concern it.
+struct Unconfigured(Box<dyn DynUnit<()>>);
+
+impl<C: Send + Sync + 'static> Unit<C> for Unconfigured {
+    fn name(&self) -> &str {
+        self.0.name()
+    }
+
+    fn run(
+        &mut self,
+        ctx: RunContext<C>,
+    ) -> impl std::future::Future<Output = Result<crate::RunExit, crate::RunError>> + Send {
+        self.0.run_boxed(ctx.without_config())
+    }
+
+    fn prepare(
+        &mut self,
+        ctx: RunContext<C>,
+    ) -> impl std::future::Future<Output = Result<(), crate::RunError>> + Send {
+        self.0.prepare_boxed(ctx.without_config())
+    }
+
+    fn close(&mut self) {
+        self.0.close();
     }
 }
 

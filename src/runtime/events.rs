@@ -13,7 +13,7 @@ use crate::sync::Arc;
 
 /// How many changes a task keeps for its event streams, unless its builder says
 /// otherwise ([`TaskBuilder::event_capacity`](crate::TaskBuilder::event_capacity)).
-pub const DEFAULT_EVENT_CAPACITY: usize = 1024;
+pub(crate) const DEFAULT_EVENT_CAPACITY: usize = 1024;
 
 /// A stream of every change of one task. Made by [`Handle::events`](crate::Handle::events).
 ///

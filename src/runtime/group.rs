@@ -54,6 +54,7 @@ pub enum StopOrder {
 /// assert!(report.all_reached(Stage::Stopped), "{report}");
 /// # }
 /// ```
+#[must_use = "dropping the group stops every task whose last handle it holds"]
 pub struct TaskGroup<C: Send + Sync + 'static = ()> {
     tasks: Vec<Handle<C>>,
 }
@@ -98,6 +99,7 @@ pub struct Stuck {
 
 /// What a group command reached, task by task.
 #[derive(Debug, Clone)]
+#[must_use = "a group command's report is where refusals and stuck tasks are told"]
 pub struct GroupReport {
     /// One entry per task, in the order of addition.
     pub tasks: Vec<TaskReport>,
@@ -143,9 +145,38 @@ impl<C: Send + Sync + 'static> TaskGroup<C> {
         Self::default()
     }
 
-    /// Adds a task.
-    pub fn add(&mut self, task: Handle<C>) {
-        self.tasks.push(task);
+    /// Adds a task: a [`Handle`], or a typed owner ([`Task<S>`](crate::Task),
+    /// [`AnyTask`](crate::typestate::AnyTask)), whose handle the group keeps.
+    pub fn add(&mut self, task: impl Into<Handle<C>>) {
+        self.tasks.push(task.into());
+    }
+
+    /// How many tasks the group holds.
+    pub fn len(&self) -> usize {
+        self.tasks.len()
+    }
+
+    /// Whether the group holds no task.
+    pub fn is_empty(&self) -> bool {
+        self.tasks.is_empty()
+    }
+
+    /// Takes the task at `index` (its place in the order of addition) out of the
+    /// group and gives its handle back, or `None` if there is no such task. The tasks
+    /// after it move up one place, as in [`Vec::remove`]. Dropping the returned
+    /// handle stops the task if it was the last one.
+    pub fn remove(&mut self, index: usize) -> Option<Handle<C>> {
+        (index < self.tasks.len()).then(|| self.tasks.remove(index))
+    }
+
+    /// Drops every task that has ended (Stopped or Finished), and returns how many:
+    /// a group is not a log, and a long-lived one should call this from time to time
+    /// so that ended tasks do not pile up. The remaining tasks keep their order.
+    /// Dropping an ended task's handle stops nothing.
+    pub fn remove_ended(&mut self) -> usize {
+        let before = self.tasks.len();
+        self.tasks.retain(|task| !task.stage().is_terminal());
+        before - self.tasks.len()
     }
 
     /// The tasks, in the order of addition.
@@ -169,19 +200,80 @@ impl<C: Send + Sync + 'static> TaskGroup<C> {
         self.settle_all(issued, started).await
     }
 
-    /// Resumes every task (accepted at once; nothing to wait for).
-    pub async fn resume_all(&self) -> GroupReport {
-        let mut tasks = Vec::with_capacity(self.tasks.len());
-        for (index, task) in self.tasks.iter().enumerate() {
-            let result = task.resume().await.map(|()| task.stage());
-            tasks.push(TaskReport {
-                index,
-                name: task.name().to_owned(),
-                result,
-                stuck: None,
-            });
+    /// Resumes every task, each as [`Handle::resume_within`]: a task whose pause is
+    /// still settling (Pausing, e.g. after a pause that was dropped or timed out) is
+    /// resumed once it settles, within `deadline` from now. Tasks in New or Paused
+    /// are resumed at once; the others are refused, each with its reason.
+    ///
+    /// Each task's result is the stage right after its resume was accepted
+    /// (Resuming or Running), or why it was not (refused, or timed out while still
+    /// Pausing: named in [`GroupReport::stuck`]).
+    ///
+    /// # Cancel safety
+    ///
+    /// The resumes issued before the future is dropped stand; those still waiting
+    /// for their pause to settle are not issued.
+    pub async fn resume_all(&self, deadline: Duration) -> GroupReport {
+        let started = Instant::now();
+        let issued: Vec<_> = self
+            .tasks
+            .iter()
+            .map(|task| {
+                let task = task.clone();
+                Ok(Settling::new(async move {
+                    task.resume_within(deadline).await.map(|()| task.stage())
+                }))
+            })
+            .collect();
+        self.settle_all(issued, started).await
+    }
+
+    /// Waits until every task's stage satisfies `predicate`, within `deadline` from
+    /// now: e.g. that every task is at rest before a shutdown goes on
+    /// (`group.wait_all(Stage::is_at_rest, deadline)`).
+    ///
+    /// Each task's result is the stage it was seen in: the first that satisfied the
+    /// predicate, or, for a task that did not reach one by the deadline, the stage it
+    /// was in then, with the task named in [`GroupReport::stuck`]. It issues no
+    /// command.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only waits.
+    pub async fn wait_all<P>(&self, predicate: P, deadline: Duration) -> GroupReport
+    where
+        P: Fn(Stage) -> bool + Clone + Send + 'static,
+    {
+        let started = Instant::now();
+        let end = started + deadline;
+        let issued: Vec<_> = self
+            .tasks
+            .iter()
+            .map(|task| {
+                let task = task.clone();
+                let predicate = predicate.clone();
+                Ok(Settling::new(async move {
+                    let reached = tokio::time::timeout_at(end, task.wait_for_stage(predicate));
+                    Ok(match reached.await {
+                        Ok(snapshot) => snapshot.stage,
+                        Err(_) => task.stage(),
+                    })
+                }))
+            })
+            .collect();
+        let mut report = self.settle_all(issued, started).await;
+        for (entry, task) in report.tasks.iter_mut().zip(&self.tasks) {
+            if matches!(entry.result, Ok(stage) if !predicate(stage)) {
+                let snapshot = task.snapshot();
+                entry.stuck = Some(Stuck {
+                    task: snapshot.name,
+                    unit: snapshot.unit,
+                    stage: snapshot.stage,
+                    waited: started.elapsed(),
+                });
+            }
         }
-        GroupReport { tasks }
+        report
     }
 
     /// Stops every task within `deadline`, in `order`. A run that ignores its

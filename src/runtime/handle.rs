@@ -20,9 +20,9 @@ use crate::stage::{Command, Stage};
 use crate::sync::{Arc, Weak};
 
 /// How long [`Handle::pause`] waits for the run to return, unless told otherwise.
-pub const DEFAULT_PAUSE_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_PAUSE_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long [`Handle::stop`] lets the run wind down before aborting it.
-pub const DEFAULT_STOP_GRACE: Duration = Duration::from_secs(10);
+pub(crate) const DEFAULT_STOP_GRACE: Duration = Duration::from_secs(10);
 
 /// A handle to one supervised task.
 ///
@@ -58,6 +58,7 @@ pub const DEFAULT_STOP_GRACE: Duration = Duration::from_secs(10);
 /// # Ok(())
 /// # }
 /// ```
+#[must_use = "dropping the last handle stops the task"]
 pub struct Handle<C: Send + Sync + 'static = ()> {
     /// The task's state, held directly so that a stage read is one pointer away from
     /// its atomic.
@@ -117,6 +118,12 @@ impl<C: Send + Sync + 'static> Clone for Handle<C> {
             shared: Arc::clone(&self.shared),
             owner: Arc::clone(&self.owner),
         }
+    }
+}
+
+impl<C: Send + Sync + 'static> AsRef<Handle<C>> for Handle<C> {
+    fn as_ref(&self) -> &Handle<C> {
+        self
     }
 }
 
@@ -284,8 +291,11 @@ impl<C: Send + Sync + 'static> Handle<C> {
     ///
     /// The predicate sees the same [`TaskSnapshot`] this returns. It runs on a copy of
     /// the state with no lock of the task held, so it may call back into the task
-    /// (read a snapshot, issue a command). It is called again after every change,
-    /// and may be called when nothing it reads changed.
+    /// (read a snapshot, issue a command). It is called again after every change of
+    /// the state and after every progress report
+    /// ([`RunContext::report_progress`](crate::RunContext::report_progress)), so a wait
+    /// on progress returns once that progress is reported; it may be called when
+    /// nothing it reads changed.
     ///
     /// # Examples
     ///
@@ -317,21 +327,36 @@ impl<C: Send + Sync + 'static> Handle<C> {
     where
         P: FnMut(&TaskSnapshot) -> bool,
     {
-        let mut ready = None;
-        self.shared()
-            .core()
-            .wait_until(|core: &Snapshot| {
-                let snapshot = self.decorate(core.clone());
-                let holds = predicate(&snapshot);
-                if holds {
-                    ready = Some(snapshot);
-                }
-                holds
-            })
-            .await;
-        match ready {
-            Some(snapshot) => snapshot,
-            None => unreachable!("wait_until returns only once the predicate held"),
+        let progress = &self.shared().runtime().progress;
+        loop {
+            // Enabled before the state is read: a progress report after the read wakes
+            // this wait to look again (a stage change wakes it through the core).
+            let mut reported = std::pin::pin!(progress.changed());
+            reported.as_mut().enable();
+            let mut ready = None;
+            {
+                let mut changed =
+                    std::pin::pin!(self.shared().core().wait_until(|core: &Snapshot| {
+                        let snapshot = self.decorate(core.clone());
+                        let holds = predicate(&snapshot);
+                        if holds {
+                            ready = Some(snapshot);
+                        }
+                        holds
+                    }));
+                std::future::poll_fn(|cx| {
+                    if changed.as_mut().poll(cx).is_ready() || reported.as_mut().poll(cx).is_ready()
+                    {
+                        Poll::Ready(())
+                    } else {
+                        Poll::Pending
+                    }
+                })
+                .await;
+            }
+            if let Some(snapshot) = ready {
+                return snapshot;
+            }
         }
     }
 
@@ -403,6 +428,49 @@ impl<C: Send + Sync + 'static> Handle<C> {
     ///
     /// Cancel safe: the command is complete at the first poll.
     pub async fn resume(&self) -> Result<(), Error> {
+        Driver::command(self.shared(), Command::Resume)?;
+        Ok(())
+    }
+
+    /// Resumes the task, waiting first, up to `timeout`, for a pause that is still
+    /// settling: the way to resume what a dropped or timed-out pause left behind.
+    ///
+    /// In Pausing (a pause was accepted and its run has not returned yet, so
+    /// [`Handle::resume`] is refused with
+    /// [`Refusal::StillRunning`](crate::Refusal::StillRunning)), this waits until the
+    /// pause settles and then issues the resume once. In every other stage it is
+    /// [`Handle::resume`]: accepted at once in New and Paused, refused otherwise.
+    ///
+    /// # Errors
+    ///
+    /// - [`Error::Timeout`] (command Resume, stage Pausing) when the pause has not
+    ///   settled within `timeout`; nothing was issued.
+    /// - [`Error::Refused`] as [`Handle::resume`], in the stage met when the resume
+    ///   was issued (after the wait: a pause that ended in Finished or Stopped, or a
+    ///   resume by somebody else in the meantime, is refused); nothing changes then.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropped during the wait, it has issued nothing.
+    pub async fn resume_within(&self, timeout: Duration) -> Result<(), Error> {
+        match Driver::command(self.shared(), Command::Resume) {
+            Err(Error::Refused {
+                reason: crate::error::Refusal::StillRunning,
+                ..
+            }) => {}
+            done => return done.map(drop),
+        }
+        let settled = self
+            .shared()
+            .core()
+            .wait_until(|s: &Snapshot| s.stage != Stage::Pausing);
+        if tokio::time::timeout(timeout, settled).await.is_err() {
+            return Err(Error::Timeout {
+                command: Command::Resume,
+                stage: self.stage(),
+                waited: timeout,
+            });
+        }
         Driver::command(self.shared(), Command::Resume)?;
         Ok(())
     }
@@ -757,7 +825,7 @@ async fn stop_settled<C: Send + Sync + 'static>(
 pub struct Settling(Pin<Box<dyn Future<Output = Result<Stage, Error>> + Send>>);
 
 impl Settling {
-    fn new(future: impl Future<Output = Result<Stage, Error>> + Send + 'static) -> Self {
+    pub(super) fn new(future: impl Future<Output = Result<Stage, Error>> + Send + 'static) -> Self {
         Settling(Box::pin(future))
     }
 }

@@ -16,17 +16,16 @@ mod shared;
 mod unit;
 
 pub use self::builder::TaskBuilder;
-pub use self::events::{Change, Event, Events, DEFAULT_EVENT_CAPACITY};
+pub use self::events::{Change, Event, Events};
 pub use self::group::{GroupEvents, GroupReport, StopOrder, Stuck, TaskGroup, TaskReport};
-pub use self::handle::{
-    Handle, Settling, TaskObserver, TaskSnapshot, WeakHandle, DEFAULT_PAUSE_TIMEOUT,
-    DEFAULT_STOP_GRACE,
-};
+pub use self::handle::{Handle, Settling, TaskObserver, TaskSnapshot, WeakHandle};
 pub use self::unit::{Progress, RunContext, RunExit, Unit};
+pub use crate::outcome::OutcomeKind;
+/// What caused a change: a command, or a run's (or a check's) report.
+pub use crate::table::Input;
 
 use crate::lifecycle::Transition;
 use crate::stage::Stage;
-use crate::table::Input;
 
 /// The latest stage change of a task, as [`Handle::subscribe`] delivers it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

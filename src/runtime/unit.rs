@@ -31,14 +31,27 @@ pub struct Progress {
 }
 
 /// The latest progress of a task, shared between its runs and its handles.
+///
+/// Progress is not a stage change (it has no sequence number and no event), but it is
+/// a change a waiter can wait on: every report wakes the waits of
+/// [`Handle::wait_for`](crate::Handle::wait_for).
 #[derive(Debug, Default)]
 pub(crate) struct ProgressCell {
     latest: Mutex<(usize, Progress)>,
+    changed: tokio::sync::Notify,
 }
 
 impl ProgressCell {
     pub(crate) fn set(&self, unit: usize, progress: Progress) {
         *lock(&self.latest) = (unit, progress);
+        // After the store, with our lock released: a waiter enabled before it reads
+        // the state is woken, and one enabled after it reads the new value.
+        self.changed.notify_waiters();
+    }
+
+    /// A future that completes at the next report; enable it before reading the state.
+    pub(crate) fn changed(&self) -> tokio::sync::futures::Notified<'_> {
+        self.changed.notified()
     }
 
     pub(crate) fn get(&self, unit: usize) -> Progress {
@@ -127,7 +140,23 @@ impl<C> RunContext<C> {
         &self.config
     }
 
-    /// Publishes how far the unit has got; it shows in the task's snapshot.
+    /// The same context without the task's configuration, for a unit of `()`.
+    pub(crate) fn without_config(self) -> RunContext<()> {
+        RunContext {
+            signals: self.signals,
+            resume: self.resume,
+            generation: self.generation,
+            unit: self.unit,
+            config: Arc::new(()),
+            progress: self.progress,
+        }
+    }
+
+    /// Publishes how far the unit has got; it shows in the task's snapshot
+    /// ([`TaskSnapshot::progress`](crate::TaskSnapshot::progress)), and it wakes every
+    /// [`Handle::wait_for`](crate::Handle::wait_for), so a wait on progress returns once
+    /// the progress it waits for is reported. It is not a stage change: the event
+    /// streams and [`Handle::subscribe`](crate::Handle::subscribe) do not carry it.
     pub fn report_progress(&self, done: u64, total: Option<u64>) {
         self.progress.set(self.unit, Progress { done, total });
     }

@@ -9,7 +9,7 @@ use std::time::Duration;
 pub enum Point {
     /// After the task's units have made this many more progress reports (counted from
     /// the previous step). A report is a change of the current unit's
-    /// [`Progress`](crate::Progress) seen between two polls of its run. The run is
+    /// [`Progress`](crate::runtime::Progress) seen between two polls of its run. The run is
     /// held right after the report until the step's command has been issued.
     ///
     /// The kit sees progress when the run returns `Pending`: two reports with no
