@@ -37,7 +37,7 @@ impl Outcome {
     ///
     /// ```
     /// use taskstage::runtime::OutcomeKind;
-/// use taskstage::{Outcome, RunError};
+    /// use taskstage::{Outcome, RunError};
     ///
     /// let failed = Outcome::Failed(RunError::msg("disk full"));
     /// assert_eq!(failed.kind(), OutcomeKind::Failed);

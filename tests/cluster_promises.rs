@@ -1486,20 +1486,21 @@ async fn restore_from_a_backup(bump: i64, other_writes: usize) {
         "converged {:?} after the restore",
         restored.elapsed()
     );
-    let state = runs.state();
-    assert_eq!(
-        state.most, 1,
-        "two live runs of one task: {:?}",
-        state.overlaps
-    );
-    for (task, worker, token) in &state.starts[started_before..] {
-        assert!(
-            *token > before[task],
-            "{worker} ran {task} under token {token}, below {} handed out before the restore",
-            before[task]
+    {
+        let state = runs.state();
+        assert_eq!(
+            state.most, 1,
+            "two live runs of one task: {:?}",
+            state.overlaps
         );
+        for (task, worker, token) in &state.starts[started_before..] {
+            assert!(
+                *token > before[task],
+                "{worker} ran {task} under token {token}, below {} handed out before the restore",
+                before[task]
+            );
+        }
     }
-    drop(state);
     w2.shutdown().await.expect("w2 shuts down");
     w3.shutdown().await.expect("w3 shuts down");
 }
@@ -1688,13 +1689,14 @@ async fn after_a_restore_no_task_is_claimed_while_a_worker_that_did_not_notice_m
         ),
         "{end:?}"
     );
-    let state = runs.state();
-    assert_eq!(
-        state.most, 1,
-        "two live runs of one task: {:?}",
-        state.overlaps
-    );
-    drop(state);
+    {
+        let state = runs.state();
+        assert_eq!(
+            state.most, 1,
+            "two live runs of one task: {:?}",
+            state.overlaps
+        );
+    }
     w1.shutdown().await.expect("w1 shuts down");
     w2.shutdown().await.expect("w2 shuts down");
 }
