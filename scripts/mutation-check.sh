@@ -1769,6 +1769,95 @@ m132() {
 EOF
 }
 
+m124() {
+  WHERE="cluster/worker/handover.rs: MAX_HANDING_OVER"
+  MUTANT="a worker above its share hands the whole excess over at once: a member that joins costs as many pauses at once as it takes tasks"
+  SUITE="--all-features --test cluster_promises a_worker_hands_over_at_most_sixteen"
+  edit src/cluster/worker/handover.rs <<'EOF'
+pub(super) const MAX_HANDING_OVER: usize = 16;
+@@@@
+pub(super) const MAX_HANDING_OVER: usize = 64;
+EOF
+}
+
+m125() {
+  WHERE="cluster/worker/reconcile.rs: Reconciler::update_wanting"
+  MUTANT="every task with a desired stage counts in the fair shares, stopped ones too: workers hand over running tasks to even out tasks that want no owner"
+  SUITE="--all-features --test cluster_promises stopped_tasks_do_not_count"
+  edit src/cluster/worker/reconcile.rs <<'EOF'
+            desired.is_some() && (record.owner.kv.is_some() || !settled(record, desired))
+@@@@
+            desired.is_some() || (record.owner.kv.is_some() || !settled(record, desired))
+EOF
+}
+
+m133() {
+  WHERE="cluster/worker/reconcile.rs: Reconciler::step, Build"
+  MUTANT="a task the factory cannot build is released and claimed again at once, for the same desired revision: the factory is asked in a tight loop"
+  SUITE="--all-features --test cluster_promises a_task_the_factory_cannot_build"
+  edit src/cluster/worker/reconcile.rs <<'EOF'
+                            self.unbuildable.insert(task.clone(), rev);
+@@@@
+                            let _ = rev;
+EOF
+}
+
+m134() {
+  WHERE="cluster/controller.rs: TaskStatus::answers"
+  MUTANT="a report for a later desired revision answers an earlier command: a pause overtaken by a resume returns the resume's Running"
+  SUITE="--all-features --test cluster_promises a_report_for_a_later_desired_revision"
+  edit src/cluster/controller.rs <<'EOF'
+        self.desired_revision == revision
+@@@@
+        self.desired_revision >= revision
+EOF
+}
+
+m135() {
+  WHERE="cluster/memory.rs: State::changes_since"
+  MUTANT="the in-memory store serves a watch from exactly the compaction revision, whose changes it no longer holds: the watcher misses them silently"
+  SUITE="--all-features --test cluster_promises a_watch_from_exactly_the_compaction_revision"
+  edit src/cluster/memory.rs <<'EOF'
+        if from <= self.compacted {
+@@@@
+        if from < self.compacted {
+EOF
+}
+
+m136() {
+  WHERE="cluster/controller.rs: Controller::create"
+  MUTANT="a spec of any size is sent to the store: one larger than it accepts fails there, or blinds the workers' listings"
+  SUITE="--all-features --test cluster_promises a_spec_larger_than_the_store_accepts"
+  edit src/cluster/controller.rs <<'EOF'
+        if spec.len() > self.max_spec_bytes {
+@@@@
+        if spec.len() > usize::MAX - 1 {
+EOF
+}
+
+m137() {
+  WHERE="cluster/controller.rs: Controller::command"
+  MUTANT="a command gives up at once when the store is unreachable or electing, though its deadline leaves time to try again"
+  SUITE="--all-features --test cluster_promises a_command_rides_out_an_unreachable_store"
+  edit src/cluster/controller.rs <<'EOF'
+                ) if Instant::now() + pause < deadline =>
+@@@@
+                ) if Instant::now() + pause < deadline && pause.is_zero() =>
+EOF
+}
+
+m138() {
+  WHERE="bin/taskstage/error.rs: CliError::code"
+  MUTANT="a conflict (another controller changed the desired stage meanwhile) exits 2, as bad input, though docs/cli.md says 1"
+  SUITE="--all-features --bin taskstage a_conflict_is_refused"
+  edit src/bin/taskstage/error.rs <<'EOF'
+            | CliError::SpecFile { .. } => BAD_INPUT,
+@@@@
+            | CliError::SpecFile { .. }
+            | CliError::Conflict { .. } => BAD_INPUT,
+EOF
+}
+
 ALL=$(declare -F | awk '$3 ~ /^m[0-9]+$/ { print substr($3, 2) }' | sort -n | tr '\n' ' ')
 SELECTED=${MUTANTS:-$ALL}
 for n in $SELECTED; do

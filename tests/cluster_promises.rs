@@ -1264,6 +1264,28 @@ struct RunsState {
     most: usize,
     overlaps: Vec<String>,
     starts: Vec<(String, String, i64)>,
+    /// Runs cancelled and still winding down, and the most at once.
+    winding: usize,
+    most_winding: usize,
+}
+
+/// Counts a cancelled run as winding down until it is dropped.
+struct Winding(Runs);
+
+impl Winding {
+    fn new(runs: &Runs) -> Winding {
+        let mut state = runs.state();
+        state.winding += 1;
+        state.most_winding = state.most_winding.max(state.winding);
+        drop(state);
+        Winding(runs.clone())
+    }
+}
+
+impl Drop for Winding {
+    fn drop(&mut self) {
+        self.0.state().winding -= 1;
+    }
 }
 
 impl Runs {
@@ -1335,6 +1357,7 @@ impl Unit for Tracked {
         }
         let _untrack = Untrack(self.runs.clone(), self.task.clone(), self.worker.clone());
         ctx.cancelled().await;
+        let _winding = Winding::new(&self.runs);
         tokio::time::sleep(Duration::from_millis(250)).await;
         Ok(RunExit::Cancelled)
     }
@@ -1343,8 +1366,18 @@ impl Unit for Tracked {
 const RESTORE_TTL: Duration = Duration::from_secs(2);
 
 async fn join_tracked(store: &MemoryCoordinator, id: &str, runs: &Runs) -> Worker {
+    join_tracked_holding(store, id, runs, 16).await
+}
+
+async fn join_tracked_holding(
+    store: &MemoryCoordinator,
+    id: &str,
+    runs: &Runs,
+    capacity: usize,
+) -> Worker {
     let (worker, runs) = (id.to_owned(), runs.clone());
     Worker::builder(store.clone(), "restore", id)
+        .capacity(capacity)
         // tokio's paused clock: only this runtime sees it.
         .lease_keeping(LeaseKeeping::SharedRuntime)
         .ttl(RESTORE_TTL)
@@ -1777,4 +1810,294 @@ async fn a_worker_that_cannot_list_is_handed_no_tasks() {
     assert_eq!(names, ["w1"], "a worker that cannot list is not a member");
     drop(blind);
     w1.shutdown().await.expect("w1 shuts down");
+}
+
+/// A spec larger than the controller writes is refused with a typed error that
+/// names the task and the sizes, and nothing is written; a controller told of a
+/// store with a larger limit writes it.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_spec_larger_than_the_store_accepts_is_refused_at_create() {
+    let store = MemoryCoordinator::new();
+    let controller = Controller::new(store.clone(), "specs").expect("a controller");
+    let big = vec![b'x'; taskstage::cluster::MAX_SPEC_BYTES + 1];
+    let refused = controller
+        .create("big", big.clone(), DesiredStage::Running)
+        .await;
+    assert!(
+        matches!(
+            &refused,
+            Err(ClusterError::SpecTooLarge { task, bytes, limit })
+                if task.as_str() == "big"
+                    && *bytes == big.len()
+                    && *limit == taskstage::cluster::MAX_SPEC_BYTES
+        ),
+        "{refused:?}"
+    );
+    assert!(
+        store.dump().is_empty(),
+        "a refused create wrote {:?}",
+        store.dump()
+    );
+    let roomy = controller.with_max_spec_bytes(big.len());
+    roomy
+        .create("big", big, DesiredStage::Running)
+        .await
+        .expect("a store told to take it");
+}
+
+/// A command meets a store that cannot be reached for a while (an election, a
+/// member replaced): it tries again within its own deadline instead of failing
+/// at once.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_command_rides_out_an_unreachable_store_within_its_deadline() {
+    let store = MemoryCoordinator::new();
+    let runs = Runs::default();
+    let worker = join_tracked(&store, "w1", &runs).await;
+    let controller = Controller::new(store.clone(), "restore").expect("a controller");
+    controller
+        .create("t", Vec::new(), DesiredStage::Running)
+        .await
+        .expect("create");
+    controller
+        .resume_within("t", Duration::from_secs(10))
+        .await
+        .expect("t runs");
+    store.set_unreachable(true);
+    let healer = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(800)).await;
+            store.set_unreachable(false);
+        })
+    };
+    let paused = controller
+        .pause_within("t", Duration::from_secs(10))
+        .await
+        .expect("a pause through a store unreachable for 0.8 s");
+    assert_eq!(paused.stage, Stage::Paused);
+    assert!(runs.live().is_empty(), "Paused, yet a run is alive");
+    healer.await.expect("the healer");
+    // Past its deadline, it fails, naming the store.
+    store.set_unreachable(true);
+    let failed = controller
+        .resume_within("t", Duration::from_millis(500))
+        .await;
+    assert!(
+        matches!(failed, Err(ClusterError::Unreachable { .. })),
+        "{failed:?}"
+    );
+    store.set_unreachable(false);
+    worker.shutdown().await.expect("shutdown");
+}
+
+/// A worker above its fair share hands the excess over at most sixteen tasks at a
+/// time: forty tasks on one worker, a second joins, and never more than sixteen
+/// of them are without a run at once.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_worker_hands_over_at_most_sixteen_tasks_at_a_time() {
+    let store = MemoryCoordinator::new();
+    let runs = Runs::default();
+    let w1 = join_tracked_holding(&store, "w1", &runs, 64).await;
+    let controller = Controller::new(store.clone(), "restore").expect("a controller");
+    for i in 0..40 {
+        controller
+            .create(&format!("t{i:02}"), Vec::new(), DesiredStage::Running)
+            .await
+            .expect("create");
+    }
+    eventually(Duration::from_secs(10), "w1 runs all forty", || {
+        (runs.live().len() == 40).then_some(())
+    })
+    .await;
+    let w2 = join_tracked_holding(&store, "w2", &runs, 64).await;
+    eventually(Duration::from_secs(20), "a 20/20 split", || {
+        let live = runs.live();
+        let on_w2 = live.values().filter(|on| on == &&["w2".to_owned()]).count();
+        (live.len() == 40 && on_w2 == 20).then_some(())
+    })
+    .await;
+    let most = runs.state().most_winding;
+    assert!(most > 0, "no hand-over was seen under way");
+    assert!(
+        most <= 16,
+        "{most} runs were being stopped for a hand-over at once; at most 16 may be"
+    );
+    w1.shutdown().await.expect("w1 shuts down");
+    w2.shutdown().await.expect("w2 shuts down");
+}
+
+/// Stopped tasks want no owner and count in nobody's share: seven running and
+/// three stopped tasks over two workers split four and three.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn stopped_tasks_do_not_count_in_the_fair_shares() {
+    let store = MemoryCoordinator::new();
+    let runs = Runs::default();
+    let w1 = join_tracked(&store, "w1", &runs).await;
+    let controller = Controller::new(store.clone(), "restore").expect("a controller");
+    for i in 0..10 {
+        controller
+            .create(&format!("t{i}"), Vec::new(), DesiredStage::Running)
+            .await
+            .expect("create");
+    }
+    for i in 7..10 {
+        controller
+            .stop_within(&format!("t{i}"), Duration::from_secs(10))
+            .await
+            .expect("stop");
+    }
+    eventually(Duration::from_secs(10), "seven tasks run", || {
+        (runs.live().len() == 7).then_some(())
+    })
+    .await;
+    let w2 = join_tracked(&store, "w2", &runs).await;
+    let split = eventually(Duration::from_secs(20), "the shares settle", || {
+        let live = runs.live();
+        let on_w2 = live.values().filter(|on| on == &&["w2".to_owned()]).count();
+        (live.len() == 7 && on_w2 > 0).then_some((7 - on_w2, on_w2))
+    })
+    .await;
+    // Let any further hand-over happen, then read again.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let live = runs.live();
+    let on_w2 = live.values().filter(|on| on == &&["w2".to_owned()]).count();
+    let mut shares = [live.len() - on_w2, on_w2];
+    shares.sort_unstable();
+    assert_eq!(
+        shares,
+        [3, 4],
+        "seven running tasks over two workers (first split {split:?}): {live:?}"
+    );
+    w1.shutdown().await.expect("w1 shuts down");
+    w2.shutdown().await.expect("w2 shuts down");
+}
+
+/// A task whose factory keeps failing is released and not claimed again by the
+/// same worker for the same desired revision: not in a tight loop, and not at
+/// all until the desired stage is written again.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_task_the_factory_cannot_build_is_not_claimed_again_in_a_loop() {
+    let store = MemoryCoordinator::new();
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = Arc::clone(&calls);
+    let worker = Worker::builder(store.clone(), "unbuildable", "w1")
+        .lease_keeping(LeaseKeeping::SharedRuntime)
+        .ttl(RESTORE_TTL)
+        .stop_bound(Duration::from_millis(600))
+        .resync(Duration::from_millis(200))
+        .op_timeout(Duration::from_secs(1))
+        .join(move |spec| {
+            if spec.task.as_str() == "bad" {
+                counted.fetch_add(1, Ordering::SeqCst);
+                return Err("the spec names a table that does not exist".into());
+            }
+            Ok(Task::builder(spec.task.as_str()).unit(Wait))
+        })
+        .await
+        .expect("join");
+    let controller = Controller::new(store.clone(), "unbuildable").expect("a controller");
+    controller
+        .create("bad", Vec::new(), DesiredStage::Running)
+        .await
+        .expect("create");
+    eventually(Duration::from_secs(5), "the factory is asked", || {
+        (calls.load(Ordering::SeqCst) > 0).then_some(())
+    })
+    .await;
+    // Fifty resyncs.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "the factory was asked again for the same desired revision"
+    );
+    // A new desired revision is a new chance.
+    controller
+        .set_desired("bad", DesiredStage::Paused)
+        .await
+        .expect("set Paused");
+    controller
+        .set_desired("bad", DesiredStage::Running)
+        .await
+        .expect("set Running");
+    eventually(Duration::from_secs(5), "the factory is asked again", || {
+        (calls.load(Ordering::SeqCst) > 1).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert!(
+        calls.load(Ordering::SeqCst) <= 3,
+        "asked {} times for two desired revisions",
+        calls.load(Ordering::SeqCst)
+    );
+    worker.shutdown().await.expect("shutdown");
+}
+
+/// A report for a later desired revision does not answer an earlier command: a
+/// pause overtaken by a resume is not answered by the Running that answers the
+/// resume (nor by anything else).
+#[test]
+fn a_report_for_a_later_desired_revision_does_not_answer_an_earlier_command() {
+    use taskstage::cluster::{ObservedStatus, TaskId, TaskStatus, WorkerId};
+    let owner = WorkerId::new("w1").expect("an id");
+    let status = TaskStatus {
+        task: TaskId::new("t").expect("an id"),
+        desired: DesiredStage::Running,
+        desired_revision: 12,
+        owner: Some(owner.clone()),
+        owner_revision: Some(5),
+        owner_lease: Some(0x100),
+        observed: Some(ObservedStatus {
+            stage: Stage::Running,
+            generation: 2,
+            outcome: taskstage::cluster::ObservedOutcome::None,
+            desired_revision: 12,
+            owner,
+            owner_revision: 5,
+        }),
+        revision: 13,
+    };
+    assert!(status.answers(12), "the resume's own report");
+    assert!(
+        !status.answers(10),
+        "the pause at revision 10 was overtaken by the resume at 12: Running does not answer it"
+    );
+}
+
+/// The in-memory store's watch from exactly the revision its history was compacted
+/// to is told so (that history is gone); from the next revision it is served.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_watch_from_exactly_the_compaction_revision_is_told_it_was_compacted() {
+    use taskstage::cluster::WatchMessage;
+    let store = MemoryCoordinator::new();
+    let put = |value: &str| Txn {
+        when: vec![],
+        then: vec![Op::Put {
+            key: "c/k".into(),
+            value: value.as_bytes().to_vec(),
+            lease: None,
+        }],
+    };
+    store.txn(put("1")).await.expect("a put");
+    let at = store.txn(put("2")).await.expect("a put").revision;
+    store.compact();
+    let mut from_at = store.watch("c/".into(), at).await.expect("a watch");
+    let first =
+        std::future::poll_fn(|cx| futures_core::Stream::poll_next(from_at.as_mut(), cx)).await;
+    assert_eq!(
+        first,
+        Some(Ok(WatchMessage::Compacted { revision: at })),
+        "a watch from the compaction revision {at}"
+    );
+    let mut after = store.watch("c/".into(), at + 1).await.expect("a watch");
+    let next = store.txn(put("3")).await.expect("a put").revision;
+    let message =
+        std::future::poll_fn(|cx| futures_core::Stream::poll_next(after.as_mut(), cx)).await;
+    match message {
+        Some(Ok(WatchMessage::Events { events, .. })) => {
+            assert_eq!(events.len(), 1, "{events:?}");
+            assert_eq!(events[0].revision(), next);
+        }
+        other => panic!("a watch from {}: {other:?}", at + 1),
+    }
 }

@@ -18,6 +18,12 @@ use super::keys::{parse_owner_value, DesiredStage, Keys, ObservedStatus, TaskId,
 /// wait for the owner's answer, unless told otherwise.
 pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The largest spec [`Controller::create`] writes by default: 1 MiB, under etcd's
+/// default request limit of 1.5 MiB (`--max-request-bytes`), with room for the
+/// rest of the transaction. [`Controller::with_max_spec_bytes`] changes it for a
+/// store configured otherwise.
+pub const MAX_SPEC_BYTES: usize = 1 << 20;
+
 /// A task's state in the store, read at one revision.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TaskStatus {
@@ -84,6 +90,7 @@ pub struct Controller {
     keys: Keys,
     op_timeout: Duration,
     poll: Duration,
+    max_spec_bytes: usize,
 }
 
 impl std::fmt::Debug for Controller {
@@ -110,7 +117,16 @@ impl Controller {
             keys: Keys::new(prefix)?,
             op_timeout: Duration::from_secs(2),
             poll: Duration::from_millis(250),
+            max_spec_bytes: MAX_SPEC_BYTES,
         })
+    }
+
+    /// The largest spec [`Controller::create`] writes ([`MAX_SPEC_BYTES`] unless
+    /// set): a larger one is refused with [`ClusterError::SpecTooLarge`] before
+    /// anything is written. Raise it only with the store's own request limit.
+    pub fn with_max_spec_bytes(mut self, limit: usize) -> Self {
+        self.max_spec_bytes = limit;
+        self
     }
 
     /// Creates a task with its spec and initial desired stage (any of the three).
@@ -119,8 +135,8 @@ impl Controller {
     ///
     /// # Errors
     ///
-    /// [`ClusterError::InvalidTaskId`] (nothing written), [`ClusterError::TaskExists`],
-    /// [`ClusterError::Unreachable`].
+    /// [`ClusterError::InvalidTaskId`] and [`ClusterError::SpecTooLarge`] (nothing
+    /// written), [`ClusterError::TaskExists`], [`ClusterError::Unreachable`].
     ///
     /// # Cancel safety
     ///
@@ -132,6 +148,13 @@ impl Controller {
         desired: DesiredStage,
     ) -> Result<i64, ClusterError> {
         let task = TaskId::new(task)?;
+        if spec.len() > self.max_spec_bytes {
+            return Err(ClusterError::SpecTooLarge {
+                task,
+                bytes: spec.len(),
+                limit: self.max_spec_bytes,
+            });
+        }
         let txn = Txn {
             when: vec![
                 Compare::Absent(self.keys.spec(&task)),
@@ -356,7 +379,25 @@ impl Controller {
         let started = Instant::now();
         let deadline = started + timeout;
         let task = TaskId::new(task)?;
-        let set = self.set(&task, desired, command, true).await?;
+        // A store that cannot be reached, or is electing a leader, is tried again
+        // within the command's deadline: the write compares the revision it read,
+        // so a retry of a write that was applied after all only writes the same
+        // stage again.
+        let mut pause = Duration::from_millis(50);
+        // Bounded by the deadline.
+        let set = loop {
+            match self.set(&task, desired, command, true).await {
+                Err(
+                    error @ (ClusterError::Unreachable { .. }
+                    | ClusterError::HistoryReplaced { .. }),
+                ) if Instant::now() + pause < deadline => {
+                    tracing::debug!(%task, %error, command, "trying the store again");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(self.poll * 4);
+                }
+                result => break result?,
+            }
+        };
         self.wait_answer(
             set.before,
             set.watch,

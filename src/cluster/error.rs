@@ -170,6 +170,17 @@ pub enum ClusterError {
         /// The revision of the answer.
         found: i64,
     },
+    /// A spec larger than the controller writes ([`MAX_SPEC_BYTES`](super::MAX_SPEC_BYTES)
+    /// unless set otherwise); nothing was written.
+    #[error("the spec of task {task} is {bytes} bytes, more than the {limit} a create writes")]
+    SpecTooLarge {
+        /// The task.
+        task: TaskId,
+        /// The spec's size.
+        bytes: usize,
+        /// The limit.
+        limit: usize,
+    },
     /// The worker was shut down; the command cannot be carried out any more.
     #[error("worker {worker} is shut down")]
     ShutDown {

@@ -73,7 +73,7 @@ mod memory;
 mod worker;
 
 pub use self::controller::{
-    CheckpointInfo, Controller, StatusWatch, TaskStatus, DEFAULT_COMMAND_TIMEOUT,
+    CheckpointInfo, Controller, StatusWatch, TaskStatus, DEFAULT_COMMAND_TIMEOUT, MAX_SPEC_BYTES,
 };
 pub use self::coord::{
     watch_channel, BoxFuture, Compare, Coordinator, Grant, KeepAlive, KeyValue, Listing, Op, Txn,

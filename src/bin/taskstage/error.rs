@@ -428,6 +428,25 @@ mod tests {
     }
 
     #[test]
+    fn a_conflict_is_refused_with_exit_status_one() {
+        let task = taskstage::cluster::TaskId::new("orders").expect("an id");
+        let error = CliError::cluster(
+            "pause",
+            Some("orders"),
+            "app",
+            ClusterError::Conflict {
+                command: "pause",
+                task,
+            },
+        );
+        assert!(matches!(error, CliError::Conflict { .. }), "{error:?}");
+        assert_eq!(exit_code(std::slice::from_ref(&error)), REFUSED);
+        let json = error.json();
+        assert_eq!(json["error"], "conflict");
+        assert_eq!(json["exit_code"], 1);
+    }
+
+    #[test]
     fn a_timeout_names_the_task_its_owner_its_stage_and_what_to_do() {
         let error = CliError::NotAnswered {
             command: "pause",
