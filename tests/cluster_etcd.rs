@@ -649,3 +649,129 @@ async fn a_keep_alive_of_a_lease_that_no_longer_exists_is_expired() {
     let answer = coord.keep_alive(grant.id ^ 0x5a5a_5a5a).await;
     assert_eq!(answer, Ok(KeepAlive::Expired), "a lease never granted");
 }
+
+/// Which tasks have a live run, on which worker; and the spec sizes their
+/// factories were given.
+#[derive(Clone, Default)]
+struct Live(Arc<std::sync::Mutex<std::collections::BTreeMap<String, Vec<String>>>>);
+
+impl Live {
+    fn map(&self) -> std::sync::MutexGuard<'_, std::collections::BTreeMap<String, Vec<String>>> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn running(&self) -> usize {
+        self.map().values().filter(|on| !on.is_empty()).count()
+    }
+}
+
+/// A run that counts itself live while its future lives.
+struct Sized {
+    task: String,
+    worker: String,
+    live: Live,
+}
+
+struct Gone(Live, String, String);
+
+impl Drop for Gone {
+    fn drop(&mut self) {
+        if let Some(on) = self.0.map().get_mut(&self.1) {
+            on.retain(|w| *w != self.2);
+        }
+    }
+}
+
+impl taskstage::Unit for Sized {
+    async fn run(
+        &mut self,
+        ctx: taskstage::RunContext,
+    ) -> Result<taskstage::RunExit, taskstage::RunError> {
+        self.live
+            .map()
+            .entry(self.task.clone())
+            .or_default()
+            .push(self.worker.clone());
+        let _gone = Gone(self.live.clone(), self.task.clone(), self.worker.clone());
+        ctx.cancelled().await;
+        Ok(taskstage::RunExit::Cancelled)
+    }
+}
+
+/// A worker whose factory refuses a spec of any other size than `size`.
+async fn join_sized(cluster: &EtcdCluster, id: &str, size: usize, live: &Live) -> Worker {
+    let (worker, live) = (id.to_owned(), live.clone());
+    Worker::builder(connect(cluster).await, PREFIX, id)
+        .ttl(Duration::from_secs(2))
+        .stop_bound(Duration::from_millis(600))
+        .resync(Duration::from_millis(200))
+        .capacity(2_000)
+        .join(move |spec| {
+            if spec.spec.len() != size {
+                return Err(format!("a spec of {} bytes, not {size}", spec.spec.len()).into());
+            }
+            Ok(taskstage::Task::builder(spec.task.as_str()).unit(Sized {
+                task: spec.task.as_str().to_owned(),
+                worker: worker.clone(),
+                live: live.clone(),
+            }))
+        })
+        .await
+        .expect("join the test cluster")
+}
+
+/// `count` specs of `size` bytes: listed by a controller, claimed and run by two
+/// workers, and again after one of them restarts. A listing of them is larger than
+/// a message of the client may be (4 MiB), so it is paged by size.
+async fn specs_listed_claimed_and_run(count: usize, size: usize) {
+    let Some(cluster) = EtcdCluster::start_or_skip(3) else {
+        return;
+    };
+    let controller = Controller::new(connect(&cluster).await, PREFIX).expect("a controller");
+    let names: Vec<String> = (0..count).map(|i| format!("s{i:04}")).collect();
+    for (i, task) in names.iter().enumerate() {
+        let spec = vec![b'a' + (i % 26) as u8; size];
+        controller
+            .create(task, spec, DesiredStage::Running)
+            .await
+            .expect("create a task with a big spec");
+    }
+    let listed = controller.list().await.expect("a listing of every task");
+    assert_eq!(listed.len(), count, "listed");
+    let live = Live::default();
+    let w1 = join_sized(&cluster, "w1", size, &live).await;
+    let w2 = join_sized(&cluster, "w2", size, &live).await;
+    eventually(Duration::from_secs(60), "every task runs", || {
+        let running = live.running();
+        std::future::ready((running == count).then_some(()))
+    })
+    .await;
+    // w1 restarts: its tasks run again, on w2 or on w1's next incarnation.
+    w1.shutdown().await.expect("w1 shuts down");
+    let w1 = join_sized(&cluster, "w1", size, &live).await;
+    eventually(Duration::from_secs(60), "every task runs after a restart", || {
+        let running = live.running();
+        let map = live.map();
+        let on_w1 = map.values().filter(|on| on.contains(&"w1".to_owned())).count();
+        std::future::ready((running == count && on_w1 > 0).then_some(()))
+    })
+    .await;
+    assert!(
+        live.map().values().all(|on| on.len() <= 1),
+        "two runs of one task"
+    );
+    let listed = controller.list().await.expect("a listing after the restart");
+    assert_eq!(listed.len(), count);
+    w1.shutdown().await.expect("w1 shuts down");
+    w2.shutdown().await.expect("w2 shuts down");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forty_specs_of_120_kib_are_listed_claimed_and_run() {
+    specs_listed_claimed_and_run(40, 120 * 1024).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_specs_of_16_kib_are_listed_claimed_and_run() {
+    specs_listed_claimed_and_run(1_000, 16 * 1024).await;
+}

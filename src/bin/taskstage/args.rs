@@ -120,7 +120,8 @@ pub(crate) enum Command {
     /// The workers that are members now, and how many tasks each one holds.
     #[command(after_help = "Example:\n  taskstage --prefix app workers")]
     Workers,
-    /// Prints a line per change of the tasks (or of one task) until interrupted.
+    /// Prints a line each time a read after a change finds a task (or one task)
+    /// changed, until interrupted; a state shorter than a read may get no line.
     #[command(after_help = "Examples:\n  taskstage --prefix app watch\n  \
                             taskstage --prefix app watch orders --output json")]
     Watch {
