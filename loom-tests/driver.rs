@@ -250,6 +250,20 @@ fn wait_until(task: &Task, predicate: impl FnMut(&Snapshot) -> bool + Unpin) -> 
     block_on(task.core().wait_until(predicate))
 }
 
+/// Spins, yielding to loom, until the core's own state satisfies `predicate`: a
+/// reader of `Handle::stage()` or `Handle::snapshot()`, which read the core
+/// directly, ahead of the async waiters (those judge a change only once the
+/// runtime was told of it).
+fn read_until(task: &Task, mut predicate: impl FnMut(&Snapshot) -> bool) -> Snapshot {
+    loop {
+        let snapshot = task.core().snapshot();
+        if predicate(&snapshot) {
+            return snapshot;
+        }
+        thread::yield_now();
+    }
+}
+
 /// Stops the task and blocks until it settles; returns the stage reached.
 fn stop(task: &Arc<Task>) -> Stage {
     let settle = Driver::command(task, Command::Stop).expect("stop is never refused");
@@ -278,7 +292,10 @@ fn gone(outcome: Option<&Outcome>) -> bool {
 ///
 /// The task is resumed; its check runs on its own thread. One party pauses (landing
 /// before, during or after the check: the check may be cancelled, or pass while the
-/// pause lands). The observer waits for Paused and resumes at once.
+/// pause lands). The observer reads the stage as `Handle::stage()` does, straight
+/// from the core, and resumes the moment it reads Paused: the earliest any user
+/// can act on it (the async waiters, which judge a change only once the runtime was
+/// told of it, see it later).
 ///
 /// Proves (invariant 9, New and Paused): the observer's resume always finds the unit
 /// in its slot, so it leads to a run and no outcome says the unit is gone; never two
@@ -294,7 +311,7 @@ fn resume_on_paused() {
     let observer = {
         let task = Arc::clone(&task);
         thread::spawn(move || {
-            wait_until(&task, |s| s.stage == Stage::Paused);
+            read_until(&task, |s| s.stage == Stage::Paused);
             Driver::command(&task, Command::Resume).expect("Paused accepts resume");
         })
     };

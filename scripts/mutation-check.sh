@@ -1858,6 +1858,19 @@ m138() {
 EOF
 }
 
+m139() {
+  WHERE="cluster/worker/reconcile.rs: Reconciler::wind_down"
+  MUTANT="a clean shutdown leaves the membership only when its lease is revoked: the others' shares stay as they were, and they claim its tasks only after every run of it is gone"
+  SUITE="--all-features --test cluster_promises a_clean_shutdown_hands_each_task_over"
+  edit src/cluster/worker/reconcile.rs <<'EOF'
+        if self.registered {
+            let leave = Txn {
+@@@@
+        if self.registered && self.me.is_empty() {
+            let leave = Txn {
+EOF
+}
+
 ALL=$(declare -F | awk '$3 ~ /^m[0-9]+$/ { print substr($3, 2) }' | sort -n | tr '\n' ' ')
 SELECTED=${MUTANTS:-$ALL}
 for n in $SELECTED; do

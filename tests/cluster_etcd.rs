@@ -657,7 +657,9 @@ struct Live(Arc<std::sync::Mutex<std::collections::BTreeMap<String, Vec<String>>
 
 impl Live {
     fn map(&self) -> std::sync::MutexGuard<'_, std::collections::BTreeMap<String, Vec<String>>> {
-        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn running(&self) -> usize {
@@ -749,18 +751,28 @@ async fn specs_listed_claimed_and_run(count: usize, size: usize) {
     // w1 restarts: its tasks run again, on w2 or on w1's next incarnation.
     w1.shutdown().await.expect("w1 shuts down");
     let w1 = join_sized(&cluster, "w1", size, &live).await;
-    eventually(Duration::from_secs(60), "every task runs after a restart", || {
-        let running = live.running();
-        let map = live.map();
-        let on_w1 = map.values().filter(|on| on.contains(&"w1".to_owned())).count();
-        std::future::ready((running == count && on_w1 > 0).then_some(()))
-    })
+    eventually(
+        Duration::from_secs(60),
+        "every task runs after a restart",
+        || {
+            let running = live.running();
+            let map = live.map();
+            let on_w1 = map
+                .values()
+                .filter(|on| on.contains(&"w1".to_owned()))
+                .count();
+            std::future::ready((running == count && on_w1 > 0).then_some(()))
+        },
+    )
     .await;
     assert!(
         live.map().values().all(|on| on.len() <= 1),
         "two runs of one task"
     );
-    let listed = controller.list().await.expect("a listing after the restart");
+    let listed = controller
+        .list()
+        .await
+        .expect("a listing after the restart");
     assert_eq!(listed.len(), count);
     w1.shutdown().await.expect("w1 shuts down");
     w2.shutdown().await.expect("w2 shuts down");

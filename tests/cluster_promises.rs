@@ -2101,3 +2101,114 @@ async fn a_watch_from_exactly_the_compaction_revision_is_told_it_was_compacted()
         other => panic!("a watch from {}: {other:?}", at + 1),
     }
 }
+
+/// A run that waits for its cancellation; the first one cancelled after `slow` is
+/// armed takes two seconds to wind down, the others none.
+struct OneSlow {
+    task: String,
+    worker: String,
+    runs: Runs,
+    slow: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Unit for OneSlow {
+    async fn run(&mut self, ctx: RunContext) -> Result<RunExit, RunError> {
+        self.runs
+            .state()
+            .alive
+            .entry(self.task.clone())
+            .or_default()
+            .push(self.worker.clone());
+        let _untrack = Untrack(self.runs.clone(), self.task.clone(), self.worker.clone());
+        ctx.cancelled().await;
+        if self.slow.swap(false, Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+        Ok(RunExit::Cancelled)
+    }
+}
+
+/// A clean shutdown hands each task over as soon as its own run is gone: it leaves
+/// the membership first (so the others' shares grow at once) and withdraws each
+/// task's keys when its run has returned, not once every run has. One of the
+/// stopping worker's runs takes two seconds to return; the others' tasks run on the
+/// other worker before it has.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_clean_shutdown_hands_each_task_over_as_soon_as_its_run_is_gone() {
+    let store = MemoryCoordinator::new();
+    let runs = Runs::default();
+    let slow = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let join = |id: &'static str| {
+        let (store, runs, slow) = (store.clone(), runs.clone(), Arc::clone(&slow));
+        async move {
+            Worker::builder(store, "shutdown", id)
+                .lease_keeping(LeaseKeeping::SharedRuntime)
+                .ttl(Duration::from_secs(10))
+                .stop_bound(Duration::from_secs(6))
+                .resync(Duration::from_millis(200))
+                .op_timeout(Duration::from_secs(1))
+                .join(move |spec| {
+                    Ok(Task::builder(spec.task.as_str()).unit(OneSlow {
+                        task: spec.task.as_str().to_owned(),
+                        worker: id.to_owned(),
+                        runs: runs.clone(),
+                        slow: Arc::clone(&slow),
+                    }))
+                })
+                .await
+                .expect("join")
+        }
+    };
+    let w1 = join("w1").await;
+    let w2 = join("w2").await;
+    let controller = Controller::new(store.clone(), "shutdown").expect("a controller");
+    for i in 0..8 {
+        controller
+            .create(&format!("t{i}"), Vec::new(), DesiredStage::Running)
+            .await
+            .expect("create");
+    }
+    let on = |worker: &str| {
+        runs.live()
+            .into_iter()
+            .filter(|(_, on)| on == &[worker.to_owned()])
+            .map(|(task, _)| task)
+            .collect::<Vec<_>>()
+    };
+    eventually(Duration::from_secs(20), "four tasks on each worker", || {
+        (on("w1").len() == 4 && on("w2").len() == 4).then_some(())
+    })
+    .await;
+    let held = on("w1");
+    slow.store(true, Ordering::SeqCst);
+    let shutdown = tokio::spawn(w1.shutdown());
+    // One of w1's runs winds down for 2 s; the other three tasks are w2's before.
+    let moved = eventually(Duration::from_secs(5), "w1's fast tasks run on w2", || {
+        let live = runs.live();
+        let moved: Vec<&String> = held
+            .iter()
+            .filter(|t| live.get(*t).is_some_and(|on| on == &["w2".to_owned()]))
+            .collect();
+        (moved.len() >= 3).then(|| (moved.len(), live))
+    })
+    .await;
+    let (count, live) = moved;
+    let still_on_w1: Vec<&String> = held
+        .iter()
+        .filter(|t| live.get(*t).is_some_and(|on| on.contains(&"w1".to_owned())))
+        .collect();
+    assert_eq!(
+        (count, still_on_w1.len()),
+        (3, 1),
+        "while w1's slow run winds down, its other tasks run on w2: {live:?}"
+    );
+    shutdown
+        .await
+        .expect("the shutdown task")
+        .expect("w1 shuts down");
+    eventually(Duration::from_secs(5), "every task runs on w2", || {
+        (on("w2").len() == 8).then_some(())
+    })
+    .await;
+    w2.shutdown().await.expect("w2 shuts down");
+}

@@ -805,6 +805,59 @@ impl History {
 
     /// How many runs of process `pid` have no drop recorded, while the process is
     /// not recorded gone (killed or exited).
+    /// For each task, the longest time it had no live run between the end of one
+    /// of its runs (at or after `from`) and the start of the next, in ns; a task
+    /// whose last run ended after `from` with none after it counts the time until
+    /// `until`.
+    pub(crate) fn gaps(&self, from: u64, until: u64) -> BTreeMap<String, u64> {
+        let mut gaps = BTreeMap::new();
+        for (task, gap, _) in self.each_gap(from, until) {
+            let longest = gaps.entry(task).or_insert(0);
+            *longest = (*longest).max(gap);
+        }
+        gaps
+    }
+
+    /// Every time a task had no live run, between the end of a run (at or after
+    /// `from`) and the start of the next (or `until`): (task, ns, the pid of the
+    /// process whose run ended).
+    pub(crate) fn each_gap(&self, from: u64, until: u64) -> Vec<(String, u64, u32)> {
+        let mut per_task: BTreeMap<&str, Vec<&Run>> = BTreeMap::new();
+        for run in self.runs.values() {
+            per_task.entry(run.task.as_str()).or_default().push(run);
+        }
+        let mut gaps = Vec::new();
+        for (task, mut runs) in per_task {
+            runs.sort_by_key(|r| r.start);
+            // The latest end of any run so far, and whose: runs may overlap in the
+            // records of a takeover (the checker judges that); a gap is time with
+            // none alive.
+            let mut alive_until: Option<(u64, u32)> = None;
+            let mut some_gap = false;
+            for run in &runs {
+                if let Some((end, pid)) = alive_until {
+                    if run.start > end && end >= from {
+                        gaps.push((task.to_owned(), run.start - end, pid));
+                        some_gap = true;
+                    }
+                }
+                let end = run.drop.unwrap_or(u64::MAX);
+                alive_until = match alive_until {
+                    Some((e, p)) if e >= end => Some((e, p)),
+                    _ => Some((end, run.pid)),
+                };
+            }
+            match alive_until {
+                Some((end, pid)) if end >= from && end < until => {
+                    gaps.push((task.to_owned(), until - end, pid));
+                }
+                _ if !some_gap => gaps.push((task.to_owned(), 0, 0)),
+                _ => {}
+            }
+        }
+        gaps
+    }
+
     pub(crate) fn alive_runs_of(&self, pid: u32) -> usize {
         let gone = self.faults.iter().any(|(f, _, p)| f.is_gone() && *p == pid);
         if gone {

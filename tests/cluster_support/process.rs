@@ -110,6 +110,8 @@ pub(crate) struct Settings {
     pub(crate) write_every: Option<Duration>,
     /// `{env}_BLOCK`: the probes block the runtime's threads so.
     pub(crate) block: Option<Block>,
+    /// `{env}_TTL_MS`: the lease's TTL ([`TTL`] when unset).
+    pub(crate) ttl: Option<Duration>,
 }
 
 impl WorkerKind {
@@ -169,6 +171,9 @@ impl WorkerKind {
         if let Some(block) = settings.block {
             command.env(self.var("BLOCK"), block.to_arg());
         }
+        if let Some(ttl) = settings.ttl {
+            command.env(self.var("TTL_MS"), ttl.as_millis().to_string());
+        }
         let child = command
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
@@ -204,6 +209,9 @@ pub(crate) fn worker_process(kind: &WorkerKind) {
         .optional("CAPACITY")
         .map(|c| c.parse::<usize>().expect("a capacity"))
         .or(kind.capacity);
+    let ttl = kind.optional("TTL_MS").map_or(TTL, |ms| {
+        Duration::from_millis(ms.parse().expect("a TTL in ms"))
+    });
     let (factory, mut joins) = factory(kind, &id);
     // The test holds the other end of stdin: when it goes away, so does this.
     exit_when_stdin_closes();
@@ -213,6 +221,11 @@ pub(crate) fn worker_process(kind: &WorkerKind) {
         .build()
         .expect("a tokio runtime");
     runtime.block_on(async move {
+        // SIGTERM, as a supervisor sends it: a clean shutdown (every run stopped,
+        // the keys withdrawn, the lease revoked), then the process ends.
+        let mut terminate =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                .expect("a SIGTERM handler");
         // Bounded: the test kills the process long before.
         for _ in 0..MAX_JOINS {
             let coord =
@@ -225,7 +238,7 @@ pub(crate) fn worker_process(kind: &WorkerKind) {
                     }
                 };
             let mut builder = Worker::builder(coord, prefix.clone(), id.clone())
-                .ttl(TTL)
+                .ttl(ttl)
                 .stop_bound(STOP_BOUND)
                 .resync(RESYNC)
                 .unfenced_for_tests(unfenced);
@@ -239,7 +252,15 @@ pub(crate) fn worker_process(kind: &WorkerKind) {
                     if let Some(joins) = joins.as_mut() {
                         let _ = writeln!(joins, "joined {:x}", worker.lease());
                     }
-                    let ended = worker.closed().await;
+                    let ended = tokio::select! {
+                        _ = terminate.recv() => None,
+                        ended = worker.closed() => Some(ended),
+                    };
+                    let Some(ended) = ended else {
+                        let shut = worker.shutdown().await;
+                        eprintln!("worker {id}: SIGTERM; shut down ({shut:?})");
+                        return;
+                    };
                     eprintln!("worker {id}: ended ({ended:?}); joining again");
                 }
                 Err(error) => {

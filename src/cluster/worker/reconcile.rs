@@ -934,47 +934,59 @@ impl Reconciler {
     async fn wind_down(&mut self) {
         self.actions.shutdown().await;
         let inner = Arc::clone(&self.inner);
-        let mut stops = Vec::new();
-        for (task, slot) in self.slots.iter() {
-            if let Some(running) = &slot.task {
-                let handle = running.handle.clone();
-                let grace = inner.grace;
-                let task = task.clone();
-                stops.push(tokio::spawn(async move {
-                    if let Err(error) = handle.stop_within(grace).await {
+        // The membership goes first: the other workers' shares grow at once, so
+        // each task is claimed the moment its key is withdrawn, not after the
+        // lease's revoke. Safe: no task can be claimed while its owner key stands.
+        if self.registered {
+            let leave = Txn {
+                when: vec![],
+                then: vec![Op::Delete {
+                    key: self.me.clone(),
+                }],
+            };
+            let coord = Arc::clone(&inner.control_coord);
+            let timeout = inner.op_timeout;
+            let _ = inner
+                .control
+                .spawn(async move { within(timeout, "leave membership", coord.txn(leave)).await })
+                .await;
+        }
+        // Each task's keys are withdrawn as soon as its own run is gone, not once
+        // every run is: stops are concurrent, and a slow one delays only its task.
+        // At most `max_in_flight` withdrawals at the store at once.
+        let writes = Arc::new(tokio::sync::Semaphore::new(inner.max_in_flight.max(1)));
+        let mut work = JoinSet::new();
+        for (task, slot) in std::mem::take(&mut self.slots) {
+            let inner = Arc::clone(&inner);
+            let writes = Arc::clone(&writes);
+            let handle = slot.task.as_ref().map(|running| running.handle.clone());
+            work.spawn(async move {
+                if let Some(handle) = &handle {
+                    if let Err(error) = handle.stop_within(inner.grace).await {
                         tracing::warn!(%task, %error, "stop at shutdown timed out");
                     }
-                }));
-            }
-        }
-        for stop in stops {
-            let _ = stop.await;
-        }
-        let mut withdrawals = JoinSet::new();
-        for (task, slot) in std::mem::take(&mut self.slots) {
-            let stage = slot.task.as_ref().map(|r| r.handle.stage());
-            // A run that could not be stopped keeps the key until the lease expires.
-            if stage.is_some_and(Stage::run_may_be_alive) {
-                continue;
-            }
-            inner.view().remove(&task);
-            let fencer = inner.fencer(slot.token);
-            let ops = vec![
-                Op::Delete {
-                    key: inner.keys.observed(&task),
-                },
-                Op::Delete {
-                    key: inner.keys.owner(&task),
-                },
-            ];
-            withdrawals.spawn(async move {
+                    // A run that could not be stopped keeps the key until the lease
+                    // expires.
+                    if handle.stage().run_may_be_alive() {
+                        return;
+                    }
+                }
+                inner.view().remove(&task);
+                let fencer = inner.fencer(slot.token);
+                let ops = vec![
+                    Op::Delete {
+                        key: inner.keys.observed(&task),
+                    },
+                    Op::Delete {
+                        key: inner.keys.owner(&task),
+                    },
+                ];
+                // The semaphore is never closed.
+                let _permit = writes.acquire().await;
                 let _ = fencer.fenced(ops).await;
             });
-            if withdrawals.len() >= inner.max_in_flight {
-                withdrawals.join_next().await;
-            }
         }
-        while withdrawals.join_next().await.is_some() {}
+        while work.join_next().await.is_some() {}
     }
 }
 
