@@ -1871,6 +1871,22 @@ m139() {
 EOF
 }
 
+m190() {
+  WHERE="lifecycle/driver.rs: race"
+  MUTANT="the work is polled before its interrupt: a check paused before its first poll runs its code once"
+  SUITE="--all-features --test runtime a_check_paused_before_its_first_poll"
+  edit src/lifecycle/driver.rs <<'EOF'
+    poll_fn(move |cx| {
+        if let Poll::Ready(interrupt) = interrupt.as_mut().poll(cx) {
+@@@@
+    poll_fn(move |cx| {
+        if let Poll::Ready(done) = work.as_mut().poll(cx) {
+            return Poll::Ready(Ended::Done(done));
+        }
+        if let Poll::Ready(interrupt) = interrupt.as_mut().poll(cx) {
+EOF
+}
+
 ALL=$(declare -F | awk '$3 ~ /^m[0-9]+$/ { print substr($3, 2) }' | sort -n | tr '\n' ' ')
 SELECTED=${MUTANTS:-$ALL}
 for n in $SELECTED; do

@@ -971,3 +971,62 @@ fn a_resume_after_the_runtime_shut_down_leaves_no_stage_stuck() {
     assert_eq!(remote.closed(), 1, "the unit was not closed");
     assert_eq!(live.now(), 0);
 }
+
+/// A unit whose check counts how often its code ran.
+struct CountedCheck {
+    prepared: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl taskstage::Unit for CountedCheck {
+    async fn prepare(&mut self, _ctx: taskstage::RunContext) -> Result<(), taskstage::RunError> {
+        self.prepared
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    }
+
+    async fn run(
+        &mut self,
+        ctx: taskstage::RunContext,
+    ) -> Result<taskstage::RunExit, taskstage::RunError> {
+        ctx.cancelled().await;
+        Ok(taskstage::RunExit::Cancelled)
+    }
+}
+
+/// A pause issued before a check's first poll drops the check unpolled: its code
+/// never runs. On a current-thread runtime the check spawned by a resume is not
+/// polled until the test yields, so the pause lands first, every time.
+#[tokio::test(flavor = "current_thread")]
+async fn a_check_paused_before_its_first_poll_never_runs_its_code() {
+    let prepared = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let handle = Task::builder("checked")
+        .unit(CountedCheck {
+            prepared: std::sync::Arc::clone(&prepared),
+        })
+        .spawn_paused()
+        .expect("spawn");
+    handle.resume().await.expect("New accepts a resume");
+    assert_eq!(
+        handle.stage(),
+        Stage::Resuming,
+        "the check is spawned, not polled"
+    );
+    let settling = handle.pause_now().expect("a check accepts a pause");
+    let stage = settling.await.expect("the pause settles");
+    assert!(matches!(stage, Stage::New | Stage::Paused), "{stage}");
+    assert_eq!(
+        prepared.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "the check's code ran though it was paused before its first poll"
+    );
+    // Resumed again, the check runs once and the run starts.
+    handle.resume().await.expect("a resume");
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        handle.wait_for_stage(|s| s == Stage::Running),
+    )
+    .await
+    .expect("the task runs");
+    assert_eq!(prepared.load(std::sync::atomic::Ordering::SeqCst), 1);
+    handle.stop().await.expect("a stop");
+}
