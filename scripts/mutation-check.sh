@@ -1887,6 +1887,45 @@ m190() {
 EOF
 }
 
+m191() {
+  WHERE="testing/runner.rs: Driver::end"
+  MUTANT="ends_with_stop is ignored at the end of a schedule: a pipeline whose last unit runs until stopped overruns every schedule"
+  SUITE="--all-features --lib testing::tests::a_pipeline_whose_last_unit_runs_until_stopped"
+  edit src/testing/runner.rs <<'EOF'
+            if snapshot.stage == Stage::Running {
+@@@@
+            if snapshot.stage == Stage::Running && !self.ends_with_stop {
+EOF
+}
+
+m192() {
+  WHERE="testing/runner.rs: Runner::run"
+  MUTANT="no limit on the paused clock: a schedule that never ends is caught only by the real-time limit, as Hung, after it"
+  SUITE="--all-features --lib testing::tests::a_pipeline_that_never_ends_fails_on_the_paused_clock"
+  edit src/testing/runner.rs <<'EOF'
+                        tokio::time::timeout(limit, case)
+@@@@
+                        tokio::time::timeout(limit * 1_000_000, case)
+EOF
+}
+
+m193() {
+  WHERE="testing/runner.rs: Runner::check"
+  MUTANT="a schedule that hung is shrunk like any other: each shrink step waits out the real-time limit again"
+  SUITE="--all-features --lib testing::tests::a_schedule_that_hangs_in_real_time"
+  edit src/testing/runner.rs <<'EOF'
+                .is_some_and(|f| matches!(f.violation, Violation::Hung(_)))
+            {
+                return Ok(());
+            }
+@@@@
+                .is_some_and(|f| matches!(f.violation, Violation::Crashed(_)))
+            {
+                return Ok(());
+            }
+EOF
+}
+
 ALL=$(declare -F | awk '$3 ~ /^m[0-9]+$/ { print substr($3, 2) }' | sort -n | tr '\n' ' ')
 SELECTED=${MUTANTS:-$ALL}
 for n in $SELECTED; do

@@ -199,6 +199,14 @@ pub enum Violation {
     /// the runtime stops the paused clock, so only real time can catch it).
     #[error("the run did not end within {0:?} of real time")]
     Hung(Duration),
+    /// The schedule did not end within the whole-schedule limit of the paused clock
+    /// ([`Runner::schedule_limit`]): a task that never reaches its end. A pipeline
+    /// whose last unit runs until it is stopped needs [`Runner::ends_with_stop`].
+    #[error(
+        "the schedule did not end within {0:?} of the paused clock (a last unit that runs \
+         until stopped needs Runner::ends_with_stop)"
+    )]
+    Overran(Duration),
     /// The user's code panicked outside a unit (the crate catches a unit's panics),
     /// or the runtime could not start.
     #[error("the run could not complete: {0}")]
@@ -350,6 +358,8 @@ pub struct Runner<S> {
     setup: Arc<Setup<S>>,
     bound: Duration,
     time_limit: Duration,
+    schedule_limit: Duration,
+    ends_with_stop: bool,
     cases: u32,
     seed: Option<u64>,
     max_shrink_iters: u32,
@@ -360,6 +370,8 @@ impl<S> fmt::Debug for Runner<S> {
         f.debug_struct("Runner")
             .field("bound", &self.bound)
             .field("time_limit", &self.time_limit)
+            .field("schedule_limit", &self.schedule_limit)
+            .field("ends_with_stop", &self.ends_with_stop)
             .field("cases", &self.cases)
             .field("seed", &self.seed)
             .finish_non_exhaustive()
@@ -370,8 +382,10 @@ impl<S: Subject> Runner<S> {
     /// A runner that makes each schedule's subject with `setup`.
     ///
     /// Defaults: a 5 s bound (on the paused clock) for a cancelled run to return, a
-    /// 60 s real-time limit per schedule, 64 schedules per [`Runner::check`], a
-    /// random seed, up to 256 shrink steps.
+    /// 10 min limit per schedule on the paused clock (which costs little real time),
+    /// a 10 s real-time limit per schedule (for a unit that never yields), the
+    /// schedule's end awaited as the task's own end (not a stop), 64 schedules per
+    /// [`Runner::check`], a random seed, up to 256 shrink steps.
     pub fn new<F, E>(setup: F) -> Self
     where
         F: Fn() -> Result<S, E> + Send + Sync + 'static,
@@ -380,7 +394,9 @@ impl<S: Subject> Runner<S> {
         Runner {
             setup: Arc::new(move || setup().map_err(|e| e.to_string())),
             bound: Duration::from_secs(5),
-            time_limit: Duration::from_secs(60),
+            time_limit: Duration::from_secs(10),
+            schedule_limit: Duration::from_secs(600),
+            ends_with_stop: false,
             cases: 64,
             seed: None,
             max_shrink_iters: 256,
@@ -396,6 +412,24 @@ impl<S: Subject> Runner<S> {
     /// How long one schedule may take in real time before it counts as hung.
     pub fn time_limit(mut self, limit: Duration) -> Self {
         self.time_limit = limit;
+        self
+    }
+
+    /// How long one schedule may take on the paused clock, from the set-up to the
+    /// end: past it, the run fails with [`Violation::Overran`]. The clock jumps
+    /// over idle time, so even a long limit costs little real time.
+    pub fn schedule_limit(mut self, limit: Duration) -> Self {
+        self.schedule_limit = limit;
+        self
+    }
+
+    /// Ends every schedule with a stop, for a pipeline whose last unit runs until it
+    /// is stopped (a sync that tails for ever): once the schedule's steps are done, a
+    /// task the schedule left paused is resumed, and once it runs it is stopped; it
+    /// must end Stopped. Without this, the runner waits for the task's own end
+    /// (Finished), which such a pipeline never reaches.
+    pub fn ends_with_stop(mut self) -> Self {
+        self.ends_with_stop = true;
         self
     }
 
@@ -428,6 +462,7 @@ impl<S: Subject> Runner<S> {
         let (done, result) = mpsc::channel();
         let setup = Arc::clone(&self.setup);
         let (script, lines, bound) = (schedule.clone(), Arc::clone(&timeline), self.bound);
+        let (limit, ends_with_stop) = (self.schedule_limit, self.ends_with_stop);
         let spawned = std::thread::Builder::new()
             .name("taskstage-testing".to_owned())
             .spawn(move || {
@@ -437,7 +472,12 @@ impl<S: Subject> Runner<S> {
                         .start_paused(true)
                         .build()
                         .map_err(|e| Violation::Crashed(format!("no runtime: {e}")))?;
-                    runtime.block_on(run_case(&*setup, &script, bound, lines))
+                    runtime.block_on(async {
+                        let case = run_case(&*setup, &script, bound, ends_with_stop, lines);
+                        tokio::time::timeout(limit, case)
+                            .await
+                            .unwrap_or(Err(Violation::Overran(limit)))
+                    })
                 }));
                 let outcome = outcome.unwrap_or_else(|panic| {
                     let text = panic
@@ -495,6 +535,17 @@ impl<S: Subject> Runner<S> {
         let mut runner = TestRunner::new_with_rng(config, rng(seed));
         let seen = Mutex::new(Seen::default());
         let result = runner.run(&strategy, |schedule| {
+            // Failing fast: a schedule that hung in real time is reported as it is,
+            // not shrunk (each shrink step would wait out the real-time limit again):
+            // once one has hung, every other schedule counts as passing, so the
+            // shrinker keeps the one that hung.
+            if lock(&seen)
+                .last
+                .as_ref()
+                .is_some_and(|f| matches!(f.violation, Violation::Hung(_)))
+            {
+                return Ok(());
+            }
             // No lock of ours is held while a schedule runs or a failure is formatted
             // (both run the user's code).
             match self.run(&schedule) {
@@ -536,8 +587,13 @@ impl<S: Subject> Runner<S> {
             Err(TestError::Fail(_, minimal)) => {
                 // The last failure seen is the minimal schedule's, unless shrinking
                 // ended on a step back; then run the minimal one again for its own.
+                // One that hung is reported as it is: every rerun of it waits out
+                // the real-time limit.
+                let hung = last
+                    .as_ref()
+                    .is_some_and(|f| matches!(f.violation, Violation::Hung(_)));
                 let failure = match last {
-                    Some(failure) if failure.schedule == minimal => failure,
+                    Some(failure) if failure.schedule == minimal || hung => failure,
                     other => match (self.run(&minimal), other) {
                         (Err(failure), _) => failure,
                         (Ok(_), Some(failure)) => failure,
@@ -550,10 +606,15 @@ impl<S: Subject> Runner<S> {
                         }),
                     },
                 };
+                let failure = if hung {
+                    failure
+                } else {
+                    self.drop_steps(failure)
+                };
                 Err(Report::Failed {
                     seed,
                     cases: failed_after.unwrap_or(0),
-                    failure: self.drop_steps(failure),
+                    failure,
                 })
             }
         }
@@ -615,6 +676,7 @@ async fn run_case<S: Subject>(
     setup: &Setup<S>,
     schedule: &Schedule,
     bound: Duration,
+    ends_with_stop: bool,
     lines: Arc<Mutex<Vec<Line>>>,
 ) -> Result<(Stage, usize), Violation> {
     let subject = setup().map_err(Violation::Setup)?;
@@ -623,6 +685,7 @@ async fn run_case<S: Subject>(
         probe: Arc::new(Probe::default()),
         lines,
         bound,
+        ends_with_stop,
         task: 0,
         handle: None,
         recorders: Vec::new(),
@@ -640,6 +703,8 @@ struct Driver<S: Subject> {
     probe: Arc<Probe>,
     lines: Arc<Mutex<Vec<Line>>>,
     bound: Duration,
+    /// Whether the schedule ends with a stop ([`Runner::ends_with_stop`]).
+    ends_with_stop: bool,
     task: u32,
     handle: Option<Handle<S::Config>>,
     recorders: Vec<JoinHandle<()>>,
@@ -753,10 +818,24 @@ impl<S: Subject> Driver<S> {
     async fn reach(&self, at: Point) -> Result<Option<oneshot::Sender<()>>, Violation> {
         let handle = self.handle()?;
         let reached = self.probe.arm(at);
+        // A task whose last unit runs until stopped may never reach the point (a
+        // switch to a unit it has passed): with `ends_with_stop`, a point that has
+        // not come within the bound, on the paused clock, is skipped.
+        let gives_up = async {
+            if self.ends_with_stop {
+                tokio::time::sleep(self.bound).await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        };
         tokio::select! {
             biased;
             hit = reached => Ok(hit.ok()),
             _ = handle.wait_for_stage(at_rest) => {
+                self.probe.disarm();
+                Ok(None)
+            }
+            () = gives_up => {
                 self.probe.disarm();
                 Ok(None)
             }
@@ -865,10 +944,24 @@ impl<S: Subject> Driver<S> {
     async fn end(&mut self) -> Result<(Stage, usize), Violation> {
         let handle = self.handle()?.clone();
         let end = loop {
-            let snapshot = handle.wait_for_stage(at_rest).await;
+            let snapshot = if self.ends_with_stop {
+                handle
+                    .wait_for_stage(|s| at_rest(s) || s == Stage::Running)
+                    .await
+            } else {
+                handle.wait_for_stage(at_rest).await
+            };
             if snapshot.stage == Stage::Paused && snapshot.user_paused {
                 self.note(Line::Note("end of the schedule: resume".to_owned()));
                 handle.resume().await.map_err(Violation::Command)?;
+                continue;
+            }
+            if snapshot.stage == Stage::Running {
+                // Only with `ends_with_stop`: the run is stopped, as its user would.
+                self.note(Line::Note("end of the schedule: stop".to_owned()));
+                let issued = handle.stop_now_within(self.bound.saturating_mul(2));
+                self.settled(Command::Stop, issued).await?;
+                self.stopped = handle.stage() == Stage::Stopped;
                 continue;
             }
             break snapshot;

@@ -565,3 +565,110 @@ fn an_update_is_refused_while_a_run_holds_the_unit_and_applied_after_a_pause() {
     // The unit got the configuration of `update 9` before the run that finished it.
     assert_eq!(*lock(&seen), [90], "{}", passed.timeline);
 }
+
+/// A unit that tails for ever: reports progress every 10 ms until it is cancelled.
+struct Tail;
+
+impl Unit for Tail {
+    fn name(&self) -> &str {
+        "tail"
+    }
+
+    async fn run(&mut self, ctx: RunContext) -> Result<RunExit, RunError> {
+        let mut seen = 0;
+        loop {
+            tokio::select! {
+                () = ctx.cancelled() => return Ok(RunExit::Cancelled),
+                () = tokio::time::sleep(Duration::from_millis(10)) => {
+                    seen += 1;
+                    ctx.report_progress(seen, None);
+                }
+            }
+        }
+    }
+}
+
+/// A dump that completes, then a sync that tails until it is stopped.
+struct DumpThenTail {
+    dumped: Arc<Mutex<u64>>,
+}
+
+impl Subject for DumpThenTail {
+    type Config = ();
+
+    fn task(&mut self, watch: &Watch) -> TaskBuilder {
+        let dump = Count {
+            done: Arc::clone(&self.dumped),
+            rows: 10,
+            mode: Mode::Good,
+        };
+        Task::builder("dump-then-tail")
+            .unit(watch.unit(dump))
+            .unit(watch.unit(Tail))
+    }
+
+    fn update(&mut self, _n: u32) {}
+}
+
+fn tailing() -> Runner<DumpThenTail> {
+    Runner::new(|| {
+        Ok::<_, String>(DumpThenTail {
+            dumped: Arc::new(Mutex::new(0)),
+        })
+    })
+}
+
+#[test]
+fn a_pipeline_whose_last_unit_runs_until_stopped_is_checked_with_a_stop_at_the_end() {
+    let passed = tailing()
+        .ends_with_stop()
+        .run(&schedule("at switch to unit 1: pause; after 30 ms: resume"))
+        .expect("the schedule passes");
+    assert_eq!(passed.end, Stage::Stopped);
+    let summary = tailing()
+        .ends_with_stop()
+        .cases(16)
+        .seed(3)
+        .check(&Schedules::new().units(2).restart_weight(0))
+        .expect("every schedule passes");
+    assert_eq!(summary.cases, 16);
+}
+
+#[test]
+fn a_pipeline_that_never_ends_fails_on_the_paused_clock_not_in_real_time() {
+    let failure = tailing()
+        .schedule_limit(Duration::from_secs(60))
+        .time_limit(Duration::from_secs(30))
+        .run(&schedule("at switch to unit 1: pause; after 30 ms: resume"))
+        .expect_err("the task never finishes");
+    assert!(
+        matches!(failure.violation, Violation::Overran(limit) if limit == Duration::from_secs(60)),
+        "{failure}"
+    );
+}
+
+#[test]
+fn a_schedule_that_hangs_in_real_time_is_reported_without_shrinking() {
+    let setups = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = Arc::clone(&setups);
+    let runner = Runner::new(move || {
+        counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok::<_, String>(Pair::new(Mode::Spins))
+    })
+    .time_limit(Duration::from_millis(300))
+    .cases(8)
+    .seed(5);
+    let report = runner
+        .check(&Schedules::new().units(2).restart_weight(0))
+        .expect_err("every schedule hangs");
+    let Report::Failed { failure, cases, .. } = report else {
+        panic!("{report}");
+    };
+    assert!(matches!(failure.violation, Violation::Hung(_)), "{failure}");
+    assert_eq!(cases, 0, "the first schedule hung");
+    assert_eq!(
+        setups.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "schedules ran after one hung: each shrink step waits out the real-time limit"
+    );
+}
