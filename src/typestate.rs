@@ -26,7 +26,7 @@
 //! #[tokio::main(flavor = "current_thread")]
 //! async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //!     // Task<Resuming>: the start was accepted and the pre-start check runs.
-//!     let task = Task::spawn(Task::builder("mirror").unit(Mirror))?;
+//!     let task = Task::builder("mirror").unit(Mirror).spawn_typed()?;
 //!     // The stage actually reached: Running, or Paused if the check failed, ...
 //!     let Started::Running(task) = task.started().await else {
 //!         return Err("the mirror did not start".into());
@@ -200,34 +200,37 @@ impl<S: StageMarker, C: Send + Sync + 'static> fmt::Debug for Task<S, C> {
 impl Task<New> {
     /// Starts building a task named `name`.
     ///
-    /// [`TaskBuilder::spawn`] returns the shared [`Handle`]; to get a typed owner
-    /// instead, pass the builder to [`Task::spawn`] or [`Task::spawn_paused`].
+    /// [`TaskBuilder::spawn`] returns the shared [`Handle`];
+    /// [`TaskBuilder::spawn_typed`] returns a typed owner instead.
     pub fn builder(name: impl Into<String>) -> TaskBuilder<()> {
         TaskBuilder::new(name)
     }
 }
 
-impl<C: Send + Sync + 'static> Task<New, C> {
-    /// Spawns the built task on the current tokio runtime without starting it.
-    ///
-    /// # Errors
-    ///
-    /// As [`TaskBuilder::spawn_paused`].
-    pub fn spawn_paused(builder: TaskBuilder<C>) -> Result<Task<New, C>, BuildError> {
-        builder.spawn_paused().map(Task::typed)
-    }
-}
-
-impl<C: Send + Sync + 'static> Task<Resuming, C> {
-    /// Spawns the built task on the current tokio runtime and starts it: the start is
+/// The typed owners' spawns: beside [`TaskBuilder::spawn`] and
+/// [`TaskBuilder::spawn_paused`], which return the shared [`Handle`], so that every
+/// way to spawn is spelled on the builder.
+impl<C: Send + Sync + 'static> TaskBuilder<C> {
+    /// Spawns the built task on the current tokio runtime and starts it, as
+    /// [`TaskBuilder::spawn`] does, and returns its typed owner: the start is
     /// accepted, and its pre-start check runs. Wait with [`Task::started`] to see
     /// where it led.
     ///
     /// # Errors
     ///
     /// As [`TaskBuilder::spawn`].
-    pub fn spawn(builder: TaskBuilder<C>) -> Result<Task<Resuming, C>, BuildError> {
-        builder.spawn().map(Task::typed)
+    pub fn spawn_typed(self) -> Result<Task<Resuming, C>, BuildError> {
+        self.spawn().map(Task::typed)
+    }
+
+    /// Spawns the built task without starting it (stage New), as
+    /// [`TaskBuilder::spawn_paused`] does, and returns its typed owner.
+    ///
+    /// # Errors
+    ///
+    /// As [`TaskBuilder::spawn_paused`].
+    pub fn spawn_typed_paused(self) -> Result<Task<New, C>, BuildError> {
+        self.spawn_paused().map(Task::typed)
     }
 }
 

@@ -149,7 +149,7 @@ async fn a_group_counts_removes_and_drops_its_ended_tasks() {
     let mut group = taskstage::TaskGroup::new();
     assert!(group.is_empty());
     // A typed owner is accepted where a handle is.
-    group.add(Task::spawn(Task::builder("typed").unit(Slow)).unwrap());
+    group.add(Task::builder("typed").unit(Slow).spawn_typed().unwrap());
     group.add(Task::builder("plain").unit(Slow).spawn().unwrap());
     group.add(Task::builder("third").unit(Slow).spawn().unwrap());
     assert_eq!(group.len(), 3);

@@ -234,7 +234,9 @@ fn expect_running<C: Send + Sync + 'static>(started: Started<C>) -> Task<Running
 /// Spawns a one-unit task and waits until its run is alive.
 async fn spawn_running<U: Unit>(unit: U) -> Task<Running> {
     expect_running(
-        Task::spawn(Task::builder("t").unit(unit))
+        Task::builder("t")
+            .unit(unit)
+            .spawn_typed()
             .unwrap()
             .started()
             .await,
@@ -362,7 +364,7 @@ fn the_readme_example_in_docs_is_the_doc_test_that_runs() {
     let docs = std::fs::read_to_string(format!("{root}/docs/typestate.md")).unwrap();
     let source = std::fs::read_to_string(format!("{root}/src/typestate.rs")).unwrap();
     let example = readme_example(&docs);
-    assert!(example.contains("Task::spawn"), "{example}");
+    assert!(example.contains("spawn_typed()"), "{example}");
     assert_eq!(
         example,
         module_example(&source),
@@ -378,7 +380,7 @@ on_both_runtimes! {
     async fn new_task_is_configured_started_and_stopped(short: Duration) {
         let (unit, mut seen) = sees_config();
         let task: Task<New, u32> =
-            Task::spawn_paused(Task::builder("t").config(1).unit(unit)).unwrap();
+            Task::builder("t").config(1).unit(unit).spawn_typed_paused().unwrap();
         assert_eq!(task.snapshot().stage, Stage::New);
         assert_eq!(task.typed_stage(), Stage::New);
 
@@ -398,7 +400,7 @@ on_both_runtimes! {
     async fn new_task_stops_without_running(short: Duration) {
         let unit = WaitsForCancel::default();
         let closed = Arc::clone(&unit.closed);
-        let task = Task::spawn_paused(Task::builder("t").unit(unit)).unwrap();
+        let task = Task::builder("t").unit(unit).spawn_typed_paused().unwrap();
         let stopped = expect_stopped(task.stop().await.unwrap());
         let snap = stopped.snapshot();
         assert_eq!(snap.stage, Stage::Stopped);
@@ -487,11 +489,9 @@ on_both_runtimes! {
     // unit) → Finished; observed through join.
     async fn join_follows_the_pipeline_to_finished(short: Duration) {
         let (first, second) = (gate(), gate());
-        let task = Task::spawn(
-            Task::builder("t")
+        let task = Task::builder("t")
                 .unit(Finishes { gate: Arc::clone(&first) })
-                .unit(Finishes { gate: Arc::clone(&second) }),
-        )
+                .unit(Finishes { gate: Arc::clone(&second) }).spawn_typed()
         .unwrap();
         let task = expect_running(task.started().await);
         first.notify_one();
@@ -514,7 +514,7 @@ on_both_runtimes! {
     // Running + run failed → Paused, outcome = error, not user-paused.
     async fn join_reports_a_failed_run_as_paused(short: Duration) {
         let go = gate();
-        let task = Task::spawn(Task::builder("t").unit(Fails { gate: Arc::clone(&go) })).unwrap();
+        let task = Task::builder("t").unit(Fails { gate: Arc::clone(&go) }).spawn_typed().unwrap();
         let task = expect_running(task.started().await);
         go.notify_one();
         let task = expect_paused(task.join().await);
@@ -528,7 +528,7 @@ on_both_runtimes! {
     async fn join_reports_an_unrequested_cancel_as_a_failure(short: Duration) {
         let go = gate();
         let task =
-            Task::spawn(Task::builder("t").unit(FakesCancel { gate: Arc::clone(&go) })).unwrap();
+            Task::builder("t").unit(FakesCancel { gate: Arc::clone(&go) }).spawn_typed().unwrap();
         let task = expect_running(task.started().await);
         go.notify_one();
         let task = expect_paused(task.join().await);
@@ -545,7 +545,7 @@ on_both_runtimes! {
 on_both_runtimes! {
     // Resuming + prep failed → Paused, outcome = error.
     async fn started_reports_a_failed_check_as_paused(short: Duration) {
-        let task = Task::spawn(Task::builder("t").unit(FailingCheck)).unwrap();
+        let task = Task::builder("t").unit(FailingCheck).spawn_typed().unwrap();
         let task = match task.started().await {
             Started::Paused(task) => task,
             other => panic!("expected Paused, reached {other:?}"),
@@ -561,7 +561,7 @@ on_both_runtimes! {
     async fn started_is_truthful_about_a_run_that_fails_at_once(short: Duration) {
         let go = gate();
         go.notify_one(); // the run fails as soon as it starts
-        let task = Task::spawn(Task::builder("t").unit(Fails { gate: Arc::clone(&go) })).unwrap();
+        let task = Task::builder("t").unit(Fails { gate: Arc::clone(&go) }).spawn_typed().unwrap();
         let task = match task.started().await {
             Started::Running(task) => expect_paused(task.join().await),
             Started::Paused(task) => task,
@@ -573,7 +573,7 @@ on_both_runtimes! {
 
     // Resuming + pause → Pausing, cancel the check → Paused, outcome = cancelled.
     async fn pause_during_a_hanging_check(short: Duration) {
-        let task = Task::spawn(Task::builder("t").unit(HangingCheck)).unwrap();
+        let task = Task::builder("t").unit(HangingCheck).spawn_typed().unwrap();
         let task = expect_paused(task.pause_within(short * 100).await.unwrap());
         let snap = task.snapshot();
         assert!(outcome_is_cancelled(&snap));
@@ -586,14 +586,14 @@ on_both_runtimes! {
 
     // Resuming + stop → Stopping, cancel the check → Stopped.
     async fn stop_during_a_hanging_check(short: Duration) {
-        let task = Task::spawn(Task::builder("t").unit(HangingCheck)).unwrap();
+        let task = Task::builder("t").unit(HangingCheck).spawn_typed().unwrap();
         let stopped = expect_stopped(task.stop().await.unwrap());
         assert_eq!(stopped.snapshot().stage, Stage::Stopped);
     }
 
     // A wait for a hanging check times out and gives the task back as Resuming.
     async fn started_within_times_out_and_gives_the_task_back(short: Duration) {
-        let task = Task::spawn(Task::builder("t").unit(HangingCheck)).unwrap();
+        let task = Task::builder("t").unit(HangingCheck).spawn_typed().unwrap();
         let err = task.started_within(short).await.unwrap_err();
         assert_eq!(
             *err.error(),
@@ -617,7 +617,7 @@ async fn pausing_then(then: Then, units: usize, short: Duration) -> AtRest {
     for _ in 1..units {
         builder = builder.unit(WaitsForCancel::default());
     }
-    let task = expect_running(Task::spawn(builder).unwrap().started().await);
+    let task = expect_running(builder.spawn_typed().unwrap().started().await);
     let err = task.pause_within(short).await.unwrap_err();
     assert_eq!(
         *err.error(),
@@ -695,7 +695,7 @@ on_both_runtimes! {
     // Paused + pause (hold) → Paused, marks an error-paused task user-paused.
     async fn hold_marks_an_error_pause_as_user_paused(short: Duration) {
         let go = gate();
-        let task = Task::spawn(Task::builder("t").unit(Fails { gate: Arc::clone(&go) })).unwrap();
+        let task = Task::builder("t").unit(Fails { gate: Arc::clone(&go) }).spawn_typed().unwrap();
         let task = expect_running(task.started().await);
         go.notify_one();
         let task = expect_paused(task.join().await);
@@ -713,7 +713,7 @@ on_both_runtimes! {
     // Paused + update → apply; the next run sees it.
     async fn a_paused_task_is_reconfigured_for_its_next_run(short: Duration) {
         let (unit, mut seen) = sees_config();
-        let task = Task::spawn(Task::builder("t").config(1).unit(unit)).unwrap();
+        let task = Task::builder("t").config(1).unit(unit).spawn_typed().unwrap();
         let task = expect_running(task.started().await);
         assert_eq!(seen.recv().await, Some(1));
         let task = expect_paused(task.pause().await.unwrap());
@@ -761,7 +761,9 @@ async fn a_timed_out_stop_gives_back_a_stopping_task() {
                 release: release_rx,
             };
             let task = expect_running(
-                Task::spawn(Task::builder("t").unit(unit))
+                Task::builder("t")
+                    .unit(unit)
+                    .spawn_typed()
                     .unwrap()
                     .started()
                     .await,
@@ -795,7 +797,7 @@ on_both_runtimes! {
     // names the command and the stage, and the task comes back typed as it is.
     async fn a_refused_update_gives_the_task_back(short: Duration) {
         let (unit, _seen) = sees_config();
-        let task = Task::spawn(Task::builder("t").config(1).unit(unit)).unwrap();
+        let task = Task::builder("t").config(1).unit(unit).spawn_typed().unwrap();
         let task = expect_paused(expect_running(task.started().await).pause().await.unwrap());
         task.handle().resume().await.unwrap();
         let err: TaskError<u32> = task.update(9).await.unwrap_err();
@@ -838,7 +840,7 @@ on_both_runtimes! {
 
     // A Task<Running> that another party stopped: the pause reports Stopped.
     async fn a_pause_after_another_partys_stop_reports_stopped(short: Duration) {
-        let task = Task::spawn(Task::builder("t").unit(WaitsForCancel::default())).unwrap();
+        let task = Task::builder("t").unit(WaitsForCancel::default()).spawn_typed().unwrap();
         let task = expect_running(task.started().await);
         assert_eq!(task.handle().stop().await, Ok(Stage::Stopped));
         match task.pause().await.unwrap() {
