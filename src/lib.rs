@@ -123,6 +123,8 @@
 pub mod cluster;
 #[doc(hidden)]
 pub mod error;
+#[cfg(all(feature = "http", not(taskstage_loom)))]
+pub mod http;
 // The layers below the runtime: reachable (the loom models in `loom-tests/` drive
 // them), but not part of the documented surface.
 #[doc(hidden)]
