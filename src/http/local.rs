@@ -78,6 +78,18 @@ impl<C: Send + Sync + 'static> LocalTasks<C> {
         Self::default()
     }
 
+    /// No tasks yet; the event streams keep the last `capacity` changes of all the
+    /// tasks together (4,096 unless set; at least 1): a client that falls further
+    /// behind, or resumes from an older event id, is sent a `gap` event.
+    pub fn with_event_capacity(capacity: usize) -> Self {
+        LocalTasks {
+            inner: Arc::new(Inner {
+                entries: RwLock::new((Vec::new(), HashMap::new())),
+                hub: Arc::new(Hub::new(capacity)),
+            }),
+        }
+    }
+
     /// The tasks of `group` (the group keeps its handles and its commands).
     ///
     /// # Panics

@@ -111,6 +111,7 @@ impl Cmd {
     }
 
     /// The stage an accepted command shows until its truth arrives.
+    #[cfg(feature = "etcd")]
     pub(crate) fn settling(self) -> Stage {
         match self {
             Cmd::Pause => Stage::Pausing,
