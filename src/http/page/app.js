@@ -2,7 +2,10 @@
 // The status page: one page of tasks at a time, kept live by the event stream.
 // Every URL is relative to where the page is mounted.
 (function () {
-  const base = location.pathname.replace(/(ui)?\/?$/, "/");
+  // "/ui" and "/" of the router, mounted anywhere: "/x/ui", "/x/", "/x" -> "/x/".
+  let base = location.pathname;
+  if (base.endsWith("/ui")) base = base.slice(0, -2);
+  if (!base.endsWith("/")) base += "/";
   const PAGE = 100;
   const STAGES = ["", "New", "Running", "Pausing", "Paused", "Resuming", "Stopping", "Stopped", "Finished"];
   const state = { token: sessionStorage.getItem("taskstage-token") || "", scope: null, stage: "", offset: 0, rows: new Map(), pending: new Map(), seq: 0, stream: null };
@@ -103,7 +106,6 @@
     } else if (status === 202) {
       // Accepted, still settling: the stream tells the truth when it arrives.
       state.pending.set(id, body && body.stage ? body.stage : settling);
-      setTimeout(() => { state.pending.delete(id); render(); }, 0);
     } else {
       showError(body ? body.error_msg : "HTTP " + status);
     }
@@ -187,8 +189,15 @@
   }
   $("prev").addEventListener("click", () => { state.offset = Math.max(0, state.offset - PAGE); load(); });
   $("next").addEventListener("click", () => { state.offset += PAGE; load(); });
-  $("login").addEventListener("submit", (e) => { e.preventDefault(); state.token = $("token").value; sessionStorage.setItem("taskstage-token", state.token); start(); });
+  $("login").addEventListener("submit", (e) => { e.preventDefault(); state.token = $("token").value; sessionStorage.setItem("taskstage-token", state.token); boot(0); });
   // Progress is not an event: the shown page is read again every 5 s.
   setInterval(() => { if (state.scope) load(); }, 5000);
-  start();
+  // A server that cannot be reached yet (starting, restarting) is tried again.
+  function boot(attempt) {
+    start().catch((e) => {
+      showError("cannot reach the server (" + e + "); trying again");
+      setTimeout(() => boot(attempt + 1), Math.min(10000, 300 * (attempt + 1)));
+    });
+  }
+  boot(0);
 })();
