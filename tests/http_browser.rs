@@ -63,17 +63,26 @@ async fn start_driver(chromedriver: &PathBuf) -> Driver {
     // Ready once it accepts a connection: wait on that, with a deadline.
     let deadline = tokio::time::Instant::now() + WITHIN;
     loop {
-        if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+        {
             return driver;
         }
-        assert!(tokio::time::Instant::now() < deadline, "chromedriver did not listen on {port} within {WITHIN:?}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "chromedriver did not listen on {port} within {WITHIN:?}"
+        );
         tokio::task::yield_now().await;
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_page_lists_commands_and_follows_the_tasks_live() {
-    let (Some(chromium), Some(chromedriver)) = (find(&["chromium", "chromium-browser", "google-chrome"]), find(&["chromedriver"])) else {
+    let (Some(chromium), Some(chromedriver)) = (
+        find(&["chromium", "chromium-browser", "google-chrome"]),
+        find(&["chromedriver"]),
+    ) else {
         assert!(
             std::env::var("CI").as_deref() != Ok("true"),
             "chromium or chromedriver is missing (run scripts/browser-setup.sh); under CI=true this fails"
@@ -89,7 +98,10 @@ async fn the_page_lists_commands_and_follows_the_tasks_live() {
     let mut lives = Vec::new();
     for name in ["alpha", "beta", "gamma"] {
         let live = Live::default();
-        let probe = Probe { live: live.clone(), hold: (name == "beta").then(|| Arc::clone(&hold)) };
+        let probe = Probe {
+            live: live.clone(),
+            hold: (name == "beta").then(|| Arc::clone(&hold)),
+        };
         let handle = Task::builder(name).unit(probe).spawn().expect("spawned");
         handle.wait_for_stage(|s| s == Stage::Running).await;
         group.add(handle);
@@ -97,9 +109,15 @@ async fn the_page_lists_commands_and_follows_the_tasks_live() {
     }
     let tasks = LocalTasks::from_group(&group);
     let router = Api::local(&tasks)
-        .auth(Auth::tokens().admin("admin-secret").read_only("read-secret"))
+        .auth(
+            Auth::tokens()
+                .admin("admin-secret")
+                .read_only("read-secret"),
+        )
         .router();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a listener");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a listener");
     let addr = listener.local_addr().expect("its address");
     let server = tokio::spawn(async move { axum::serve(listener, router).await });
 
@@ -143,7 +161,10 @@ async fn the_page_lists_commands_and_follows_the_tasks_live() {
     };
 
     // The page lists the tasks.
-    client.goto(&format!("http://{addr}/ui#token=admin-secret")).await.expect("the page loads");
+    client
+        .goto(&format!("http://{addr}/ui#token=admin-secret"))
+        .await
+        .expect("the page loads");
     for name in ["alpha", "beta", "gamma"] {
         wait_for(format!("tr[data-id='{name}'] span.Running")).await;
     }
@@ -154,7 +175,11 @@ async fn the_page_lists_commands_and_follows_the_tasks_live() {
     let pause = wait_for("tr[data-id='beta'] button[data-cmd='pause']".into()).await;
     pause.click().await.expect("a click");
     wait_for("tr[data-id='beta'] span.Pausing".into()).await;
-    assert_eq!(lives[1].now(), 1, "beta's run is alive while the page shows Pausing");
+    assert_eq!(
+        lives[1].now(),
+        1,
+        "beta's run is alive while the page shows Pausing"
+    );
     let shot = client.screenshot().await.expect("a screenshot");
     if std::env::var_os("SAVE_SCREENSHOT").is_some() {
         let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs/http-status-page.png");
@@ -162,26 +187,55 @@ async fn the_page_lists_commands_and_follows_the_tasks_live() {
     }
     hold.add_permits(1);
     wait_for("tr[data-id='beta'] span.Paused".into()).await;
-    assert_eq!(lives[1].now(), 0, "the page shows Paused: the run has returned");
+    assert_eq!(
+        lives[1].now(),
+        0,
+        "the page shows Paused: the run has returned"
+    );
 
     // A change made elsewhere appears without a reload.
-    let gamma = group.tasks().iter().find(|h| h.name() == "gamma").expect("gamma");
+    let gamma = group
+        .tasks()
+        .iter()
+        .find(|h| h.name() == "gamma")
+        .expect("gamma");
     assert_eq!(gamma.pause().await.ok(), Some(Stage::Paused));
     wait_for("tr[data-id='gamma'] span.Paused".into()).await;
 
     // A read-only token sees no button that works.
     client.goto("about:blank").await.expect("a blank page");
-    client.goto(&format!("http://{addr}/ui#token=read-secret")).await.expect("the page loads");
-    if client.wait().at_most(WITHIN).for_element(Locator::Css("tr[data-id='alpha'] span.Running")).await.is_err() {
+    client
+        .goto(&format!("http://{addr}/ui#token=read-secret"))
+        .await
+        .expect("the page loads");
+    if client
+        .wait()
+        .at_most(WITHIN)
+        .for_element(Locator::Css("tr[data-id='alpha'] span.Running"))
+        .await
+        .is_err()
+    {
         let source = client.source().await.unwrap_or_default();
         panic!("the read-only page never listed alpha Running:\n{source}");
     }
-    let buttons = client.find_all(Locator::Css("td.cmds button")).await.expect("the buttons");
+    let buttons = client
+        .find_all(Locator::Css("td.cmds button"))
+        .await
+        .expect("the buttons");
     assert_eq!(buttons.len(), 9, "three buttons a task");
     for button in &buttons {
-        assert!(!button.is_enabled().await.expect("enabled?"), "a read-only token has a working button");
+        assert!(
+            !button.is_enabled().await.expect("enabled?"),
+            "a read-only token has a working button"
+        );
     }
-    let scope = client.find(Locator::Css("#scope")).await.expect("the scope").text().await.expect("its text");
+    let scope = client
+        .find(Locator::Css("#scope"))
+        .await
+        .expect("the scope")
+        .text()
+        .await
+        .expect("its text");
     assert_eq!(scope, "scope: read");
     assert_eq!(group.tasks()[0].stage(), Stage::Running, "alpha untouched");
 

@@ -15,7 +15,10 @@ fn serve_refuses_to_listen_beyond_loopback_without_a_token() {
         .expect("the command runs");
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("refusing to listen on 0.0.0.0:0 without a token"), "{stderr}");
+    assert!(
+        stderr.contains("refusing to listen on 0.0.0.0:0 without a token"),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -30,7 +33,14 @@ fn serve_never_prints_its_token() {
         .output()
         .expect("the command runs");
     assert_ne!(out.status.code(), Some(0), "{out:?}");
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(!text.contains("refusing"), "a token was given: {text}");
-    assert!(!text.contains("very-secret-admin-token"), "the token was printed: {text}");
+    assert!(
+        !text.contains("very-secret-admin-token"),
+        "the token was printed: {text}"
+    );
 }

@@ -92,9 +92,8 @@ impl Auth {
         if self.open {
             return Ok(Scope::Admin);
         }
-        let unauthorized = |msg: &str| {
-            ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", msg.to_owned())
-        };
+        let unauthorized =
+            |msg: &str| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", msg.to_owned());
         let value = headers
             .get(header::AUTHORIZATION)
             .ok_or_else(|| unauthorized("no bearer token: send Authorization: Bearer <token>"))?;
@@ -126,7 +125,10 @@ impl Auth {
             return Err(ApiError::new(
                 StatusCode::FORBIDDEN,
                 "forbidden",
-                format!("a {} token may not {method}: it needs an admin token", scope.name()),
+                format!(
+                    "a {} token may not {method}: it needs an admin token",
+                    scope.name()
+                ),
             ));
         }
         Ok(scope)

@@ -74,7 +74,13 @@ impl ClusterSource {
     async fn cache(&self) -> Result<Arc<Cache>, ApiError> {
         let mut loaded = self.inner.loaded.subscribe();
         let ready = tokio::time::timeout(FIRST_READ, loaded.wait_for(|l| *l)).await;
-        if let Some(cache) = self.inner.cache.read().unwrap_or_else(PoisonError::into_inner).clone() {
+        if let Some(cache) = self
+            .inner
+            .cache
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+        {
             return Ok(cache);
         }
         let why = self
@@ -85,7 +91,11 @@ impl ClusterSource {
             .clone()
             .unwrap_or_else(|| "the store has not been read yet".to_owned());
         let _ = ready;
-        Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", why))
+        Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            why,
+        ))
     }
 }
 
@@ -109,7 +119,11 @@ async fn follow(inner: Weak<Inner>) {
         }
         let controller = this.controller.clone();
         drop(this);
-        if controller.wait_tasks_change(revision, RELIST).await.is_err() {
+        if controller
+            .wait_tasks_change(revision, RELIST)
+            .await
+            .is_err()
+        {
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
         tokio::time::sleep_until(started + MIN_INTERVAL).await;
@@ -145,14 +159,20 @@ fn item_of(status: &TaskStatus, since: Option<u64>) -> Item {
 
 /// Replaces the cache with `list`; every task whose item changed is published.
 fn apply(inner: &Inner, list: &[TaskStatus]) {
-    let old = inner.cache.read().unwrap_or_else(PoisonError::into_inner).clone();
+    let old = inner
+        .cache
+        .read()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
     let now = now_ms();
     let mut cache = Cache::default();
     let mut changed = Vec::new();
     for status in list {
-        let before = old
-            .as_ref()
-            .and_then(|c| c.index.get(status.task.as_str()).and_then(|&i| c.items.get(i)));
+        let before = old.as_ref().and_then(|c| {
+            c.index
+                .get(status.task.as_str())
+                .and_then(|&i| c.items.get(i))
+        });
         let mut item = item_of(status, Some(now));
         match before {
             Some(b) if b.stage == item.stage => item.since = b.since,
@@ -175,7 +195,9 @@ fn apply(inner: &Inner, list: &[TaskStatus]) {
             "cause": null,
             "item": item.to_json(),
         });
-        inner.hub.push(Arc::clone(&item.id), "change", data.to_string());
+        inner
+            .hub
+            .push(Arc::clone(&item.id), "change", data.to_string());
     }
 }
 
@@ -251,7 +273,9 @@ impl Source for ClusterSource {
         Box::pin(async move {
             match self.inner.controller.status(id).await {
                 Ok(_) => Ok(true),
-                Err(ClusterError::InvalidTaskId { .. } | ClusterError::NoSuchTask { .. }) => Ok(false),
+                Err(ClusterError::InvalidTaskId { .. } | ClusterError::NoSuchTask { .. }) => {
+                    Ok(false)
+                }
                 Err(e) => Err(map_error(e, id, "events")),
             }
         })

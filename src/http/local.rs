@@ -121,7 +121,11 @@ impl<C: Send + Sync + 'static> LocalTasks<C> {
             since: Arc::new(AtomicU64::new(now_ms())),
         });
         {
-            let mut entries = self.inner.entries.write().unwrap_or_else(PoisonError::into_inner);
+            let mut entries = self
+                .inner
+                .entries
+                .write()
+                .unwrap_or_else(PoisonError::into_inner);
             let index = entries.0.len();
             entries.1.entry(Arc::clone(&entry.id)).or_insert(index);
             entries.0.push(Arc::clone(&entry));
@@ -189,7 +193,11 @@ impl<C: Send + Sync + 'static> LocalTasks<C> {
     /// Stops serving the tasks that have ended (Stopped or Finished), and returns
     /// how many; the others keep their order.
     pub fn remove_ended(&self) -> usize {
-        let mut entries = self.inner.entries.write().unwrap_or_else(PoisonError::into_inner);
+        let mut entries = self
+            .inner
+            .entries
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
         let before = entries.0.len();
         entries.0.retain(|e| !e.observer.stage().is_terminal());
         let mut index = HashMap::new();
@@ -214,7 +222,11 @@ impl<C: Send + Sync + 'static> LocalTasks<C> {
     }
 
     fn find(&self, id: &str) -> Option<Arc<Entry<C>>> {
-        let entries = self.inner.entries.read().unwrap_or_else(PoisonError::into_inner);
+        let entries = self
+            .inner
+            .entries
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
         entries.1.get(id).and_then(|&i| entries.0.get(i)).cloned()
     }
 }
@@ -251,10 +263,14 @@ fn answer<C: Send + Sync + 'static>(entry: &Entry<C>, cmd: Cmd, stage: Stage) ->
 }
 
 fn refused(cmd: Cmd, id: &str, error: &Error) -> ApiError {
-    ApiError::new(StatusCode::CONFLICT, "refused", format!("{} of task {id}: {error}", cmd.name()))
-        .command(cmd.name())
-        .task(id)
-        .stage(Some(error.stage()))
+    ApiError::new(
+        StatusCode::CONFLICT,
+        "refused",
+        format!("{} of task {id}: {error}", cmd.name()),
+    )
+    .command(cmd.name())
+    .task(id)
+    .stage(Some(error.stage()))
 }
 
 impl<C: Send + Sync + 'static> Source for LocalTasks<C> {

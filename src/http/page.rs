@@ -10,8 +10,5 @@ const JS: &str = include_str!("page/app.js");
 /// resolve under whatever prefix the router is mounted at.
 pub(crate) fn html() -> &'static str {
     static PAGE: OnceLock<String> = OnceLock::new();
-    PAGE.get_or_init(|| {
-        HTML.replace("/*STYLE*/", CSS)
-            .replace("/*SCRIPT*/", JS)
-    })
+    PAGE.get_or_init(|| HTML.replace("/*STYLE*/", CSS).replace("/*SCRIPT*/", JS))
 }

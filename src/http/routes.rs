@@ -138,7 +138,9 @@ fn decode(text: &str) -> Result<String, ApiError> {
                     .get(i + 1..i + 3)
                     .and_then(|h| std::str::from_utf8(h).ok())
                     .and_then(|h| u8::from_str_radix(h, 16).ok())
-                    .ok_or_else(|| ApiError::bad_request("malformed percent-encoding in the query"))?;
+                    .ok_or_else(|| {
+                        ApiError::bad_request("malformed percent-encoding in the query")
+                    })?;
                 out.push(hex);
                 i += 3;
             }
@@ -199,11 +201,16 @@ fn parse_count(key: &str, text: &str, max: usize) -> Result<usize, ApiError> {
     text.parse::<usize>()
         .ok()
         .filter(|n| *n <= max)
-        .ok_or_else(|| ApiError::bad_request(format!("{key} must be a number from 0 to {max}, not {text:?}")))
+        .ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "{key} must be a number from 0 to {max}, not {text:?}"
+            ))
+        })
 }
 
 fn task_id(path: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
-    let Path(id) = path.map_err(|e| ApiError::bad_request(format!("bad task id in the path: {e}")))?;
+    let Path(id) =
+        path.map_err(|e| ApiError::bad_request(format!("bad task id in the path: {e}")))?;
     if id.is_empty() {
         return Err(ApiError::unknown_task(&id));
     }
@@ -253,15 +260,27 @@ async fn show(
     Ok(json_response(StatusCode::OK, &body))
 }
 
-async fn pause(st: St, path: Result<Path<String>, PathRejection>, q: RawQuery) -> Result<Response, ApiError> {
+async fn pause(
+    st: St,
+    path: Result<Path<String>, PathRejection>,
+    q: RawQuery,
+) -> Result<Response, ApiError> {
     command(st, path, q, Cmd::Pause).await
 }
 
-async fn resume(st: St, path: Result<Path<String>, PathRejection>, q: RawQuery) -> Result<Response, ApiError> {
+async fn resume(
+    st: St,
+    path: Result<Path<String>, PathRejection>,
+    q: RawQuery,
+) -> Result<Response, ApiError> {
     command(st, path, q, Cmd::Resume).await
 }
 
-async fn stop(st: St, path: Result<Path<String>, PathRejection>, q: RawQuery) -> Result<Response, ApiError> {
+async fn stop(
+    st: St,
+    path: Result<Path<String>, PathRejection>,
+    q: RawQuery,
+) -> Result<Response, ApiError> {
     command(st, path, q, Cmd::Stop).await
 }
 
@@ -272,15 +291,24 @@ async fn command(
     cmd: Cmd,
 ) -> Result<Response, ApiError> {
     let id = task_id(path).map_err(|e| e.command(cmd.name()))?;
-    let params = params(query.as_deref(), &["wait"]).map_err(|e| e.command(cmd.name()).task(&id))?;
+    let params =
+        params(query.as_deref(), &["wait"]).map_err(|e| e.command(cmd.name()).task(&id))?;
     let wait = param(&params, "wait")
         .map(parse_wait)
         .transpose()
         .map_err(|e| e.command(cmd.name()).task(&id))?
         .unwrap_or(DEFAULT_WAIT);
     match shared.source.command(&id, cmd, wait).await.map_err(|e| {
-        let e = if e.command.is_none() { e.command(cmd.name()) } else { e };
-        if e.task.is_none() { e.task(&id) } else { e }
+        let e = if e.command.is_none() {
+            e.command(cmd.name())
+        } else {
+            e
+        };
+        if e.task.is_none() {
+            e.task(&id)
+        } else {
+            e
+        }
     })? {
         Reached::Done(body) => Ok(json_response(StatusCode::OK, &body)),
         Reached::Settling(body) => Ok(json_response(StatusCode::ACCEPTED, &body)),
@@ -314,14 +342,21 @@ async fn create(
             "the body must be a JSON object: {\"id\": ..., \"stage\": ..., \"spec\": ...}",
         )));
     };
-    if let Some(key) = fields.keys().find(|k| !["id", "stage", "spec"].contains(&k.as_str())) {
+    if let Some(key) = fields
+        .keys()
+        .find(|k| !["id", "stage", "spec"].contains(&k.as_str()))
+    {
         return Err(fail(ApiError::bad_request(format!(
             "unknown field {key:?} (known: id, stage, spec)"
         ))));
     }
     let id = match fields.get("id") {
         Some(Value::String(id)) if !id.is_empty() => id.clone(),
-        _ => return Err(fail(ApiError::bad_request("\"id\" must be a non-empty string"))),
+        _ => {
+            return Err(fail(ApiError::bad_request(
+                "\"id\" must be a non-empty string",
+            )))
+        }
     };
     let stage = match fields.get("stage") {
         None => "Running",
@@ -338,7 +373,11 @@ async fn create(
                 ))
             }
         },
-        Some(_) => return Err(fail(ApiError::bad_request("\"stage\" must be a string").task(&id))),
+        Some(_) => {
+            return Err(fail(
+                ApiError::bad_request("\"stage\" must be a string").task(&id),
+            ))
+        }
     };
     let spec = match fields.get("spec") {
         None | Some(Value::Null) => Vec::new(),
@@ -410,7 +449,9 @@ fn start_of(
         None => Ok((last + 1, false)),
         Some(text) => {
             let seen: u64 = text.trim().parse().map_err(|_| {
-                ApiError::bad_request(format!("the event id to resume from must be a number, not {text:?}"))
+                ApiError::bad_request(format!(
+                    "the event id to resume from must be a number, not {text:?}"
+                ))
             })?;
             if seen > last {
                 // Not a number this hub handed out (a restarted server): from now, with
@@ -454,7 +495,11 @@ fn stream(hub: Arc<Hub>, mut next: u64, task: Option<Arc<str>>, unknown: bool) -
         let mut pushed = hub.subscribe();
         if unknown {
             let gap = json!({"missed": null, "next_seq": next, "reason": "unknown event id"});
-            if tx.send(SseEvent::default().event("gap").data(gap.to_string())).await.is_err() {
+            if tx
+                .send(SseEvent::default().event("gap").data(gap.to_string()))
+                .await
+                .is_err()
+            {
                 return;
             }
         }
@@ -466,7 +511,11 @@ fn stream(hub: Arc<Hub>, mut next: u64, task: Option<Arc<str>>, unknown: bool) -
             if batch.missed > 0 {
                 let first = batch.records.first().map_or(next + batch.missed, |r| r.seq);
                 let gap = json!({"missed": batch.missed, "next_seq": first, "reason": "lagged"});
-                if tx.send(SseEvent::default().event("gap").data(gap.to_string())).await.is_err() {
+                if tx
+                    .send(SseEvent::default().event("gap").data(gap.to_string()))
+                    .await
+                    .is_err()
+                {
                     return;
                 }
             }
@@ -478,7 +527,9 @@ fn stream(hub: Arc<Hub>, mut next: u64, task: Option<Arc<str>>, unknown: bool) -
                 }
                 // The record's JSON object, with its number first.
                 let data = match record.data.strip_prefix('{') {
-                    Some(rest) if rest.trim_start().starts_with('}') => format!("{{\"seq\":{}}}", record.seq),
+                    Some(rest) if rest.trim_start().starts_with('}') => {
+                        format!("{{\"seq\":{}}}", record.seq)
+                    }
                     Some(rest) => format!("{{\"seq\":{},{rest}", record.seq),
                     None => continue,
                 };
@@ -528,7 +579,18 @@ mod tests {
         assert_eq!(parse_wait("500ms").ok(), Some(Duration::from_millis(500)));
         assert_eq!(parse_wait("10s").ok(), Some(Duration::from_secs(10)));
         assert_eq!(parse_wait("2m").ok(), Some(Duration::from_secs(120)));
-        for bad in ["", "s", "10", "-1s", "10h", "1.5s", "301s", "6m", "99999999999s", "10 s"] {
+        for bad in [
+            "",
+            "s",
+            "10",
+            "-1s",
+            "10h",
+            "1.5s",
+            "301s",
+            "6m",
+            "99999999999s",
+            "10 s",
+        ] {
             assert!(parse_wait(bad).is_err(), "{bad:?} parsed");
         }
     }

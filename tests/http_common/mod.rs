@@ -78,7 +78,10 @@ pub(crate) async fn call(
         .expect("the body within 30 s")
         .expect("a readable body")
         .to_bytes();
-    (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
 }
 
 /// An open event stream: reads whole events (`event`, `id`, `data`).
@@ -95,7 +98,12 @@ pub(crate) struct SseEvent {
 }
 
 impl SseReader {
-    pub(crate) async fn open(router: &Router, uri: &str, token: &str, last_id: Option<u64>) -> Self {
+    pub(crate) async fn open(
+        router: &Router,
+        uri: &str,
+        token: &str,
+        last_id: Option<u64>,
+    ) -> Self {
         let mut request = Request::builder()
             .uri(uri)
             .header("authorization", format!("Bearer {token}"));
@@ -141,7 +149,9 @@ impl SseReader {
                 event.data = serde_json::from_str(&data).unwrap_or(Value::Null);
                 return Some(event);
             }
-            let frame = tokio::time::timeout_at(deadline, self.body.frame()).await.ok()??;
+            let frame = tokio::time::timeout_at(deadline, self.body.frame())
+                .await
+                .ok()??;
             if let Ok(bytes) = frame.ok()?.into_data() {
                 self.buffer.push_str(&String::from_utf8_lossy(&bytes));
             }

@@ -170,10 +170,18 @@ async fn serve(
     let controller = connect(cli, "serve").await?;
     let listener = tokio::net::TcpListener::bind(listen)
         .await
-        .map_err(|source| vec![CliError::Listen { addr: listen.to_string(), source }])?;
-    let addr = listener
-        .local_addr()
-        .map_err(|source| vec![CliError::Listen { addr: listen.to_string(), source }])?;
+        .map_err(|source| {
+            vec![CliError::Listen {
+                addr: listen.to_string(),
+                source,
+            }]
+        })?;
+    let addr = listener.local_addr().map_err(|source| {
+        vec![CliError::Listen {
+            addr: listen.to_string(),
+            source,
+        }]
+    })?;
     let router = Api::cluster(controller).auth(auth).router();
     emit(
         "serve",
@@ -188,7 +196,12 @@ async fn serve(
             let _ = tokio::signal::ctrl_c().await;
         })
         .await
-        .map_err(|source| vec![CliError::Listen { addr: addr.to_string(), source }])
+        .map_err(|source| {
+            vec![CliError::Listen {
+                addr: addr.to_string(),
+                source,
+            }]
+        })
 }
 
 /// Checks the prefix, then connects: an unusable prefix is bad input even when the
