@@ -1926,6 +1926,70 @@ m193() {
 EOF
 }
 
+m140() {
+  WHERE="http/local.rs: LocalTasks::command, pause and stop"
+  MUTANT="the seed's bug over HTTP: a pause answers 200 Paused once accepted, without waiting for the run to return"
+  SUITE="--features http --test http_api"
+  edit src/http/local.rs <<'EOF'
+                    match tokio::time::timeout_at(deadline, settling).await {
+@@@@
+                    match tokio::time::timeout_at(deadline, async {
+                        drop(settling);
+                        Ok::<Stage, Error>(Stage::Paused)
+                    })
+                    .await
+                    {
+EOF
+}
+
+m141() {
+  WHERE="http/auth.rs: Auth::check"
+  MUTANT="a read-only token may command: every method needs only the read scope"
+  SUITE="--features http --test http_api"
+  edit src/http/auth.rs <<'EOF'
+        } else {
+            Scope::Admin
+        };
+@@@@
+        } else {
+            Scope::Read
+        };
+EOF
+}
+
+m142() {
+  WHERE="http/routes.rs: stream"
+  MUTANT="a client that fell behind the ring is moved on silently: no gap marker"
+  SUITE="--features http --test http_api"
+  edit src/http/routes.rs <<'EOF'
+            if batch.missed > 0 {
+@@@@
+            if batch.missed > u64::MAX / 2 {
+EOF
+}
+
+m143() {
+  WHERE="bin/taskstage/main.rs: serve"
+  MUTANT="serve listens beyond loopback without a token"
+  SUITE="--features cli,http --test http_serve"
+  edit src/bin/taskstage/main.rs <<'EOF'
+        if !listen.ip().is_loopback() {
+@@@@
+        if listen.ip().is_unspecified() && listen.port() == 1 {
+EOF
+}
+
+m144() {
+  WHERE="http/page/app.js: row"
+  MUTANT="the page's buttons work whatever the token's scope"
+  SUITE="--features http --test http_browser"
+  edit src/http/page/app.js <<'EOF'
+          b.disabled = state.scope !== "admin" || !!pending;
+@@@@
+          b.disabled = !!pending;
+EOF
+}
+
 ALL=$(declare -F | awk '$3 ~ /^m[0-9]+$/ { print substr($3, 2) }' | sort -n | tr '\n' ' ')
 SELECTED=${MUTANTS:-$ALL}
 for n in $SELECTED; do

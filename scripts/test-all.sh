@@ -16,8 +16,11 @@ cd "$(dirname "$0")/.."
 # or fails saying what to install. The etcd tests start their own 3-member etcd on
 # 127.0.0.1; under CI=true a missing tool fails them instead of skipping.
 bash scripts/etcd-setup.sh
+# Installs headless Chromium and chromedriver when missing, for the status page's
+# browser test (tests/http_browser.rs; under CI=true it fails without them).
+bash scripts/browser-setup.sh
 
-echo "== build every target with every feature (etcd, metrics, testing, cli) =="
+echo "== build every target with every feature (etcd, metrics, testing, cli, http) =="
 # One build for all of them: the features only add code, and each test file that
 # needs one says so with `required-features`. Cargo's list of what it built is kept:
 # the suites run from it below, as `cargo test` would run them, in its order.

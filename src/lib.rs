@@ -107,6 +107,13 @@
 //!   `etcd` and pulls in `clap`, `clap_complete` and `serde_json`. The library
 //!   itself is the same with or without it: `cargo install taskstage --features cli`.
 //!
+//! - **`http`** (off by default): the `http` module, an axum `Router` with a JSON API
+//!   and a status page, for one process's tasks or (with `etcd`) a cluster, whose
+//!   pause answers 200 only once the run has returned
+//!   ([docs/http.md](https://github.com/taskstage/taskstage/blob/main/docs/http.md)). It
+//!   pulls in `axum` (no default features) and `serde_json`; `cli` turns it on for
+//!   `taskstage serve`.
+//!
 //! One cfg matters too: `--cfg taskstage_loom` builds the
 //! lifecycle core and its driver against `loom`'s sync types for the model tests in
 //! `loom-tests/` (only the core, the driver, the table and the shim are compiled then;
@@ -123,6 +130,8 @@
 pub mod cluster;
 #[doc(hidden)]
 pub mod error;
+#[cfg(all(feature = "http", not(taskstage_loom)))]
+pub mod http;
 // The layers below the runtime: reachable (the loom models in `loom-tests/` drive
 // them), but not part of the documented surface.
 #[doc(hidden)]
@@ -164,6 +173,11 @@ struct ReadmeDoctests;
 #[cfg(all(doctest, feature = "testing"))]
 #[doc = include_str!("../docs/testing.md")]
 struct TestingDoctests;
+
+/// The code blocks of `docs/http.md`, compiled and run as doc tests.
+#[cfg(all(doctest, feature = "http"))]
+#[doc = include_str!("../docs/http.md")]
+struct HttpDoctests;
 
 /// The code blocks of `docs/events.md`, compiled and run as doc tests.
 #[cfg(doctest)]

@@ -134,6 +134,24 @@ pub(crate) enum Command {
                             taskstage completions zsh > \"${fpath[1]}/_taskstage\"\n  \
                             taskstage completions fish > ~/.config/fish/completions/taskstage.fish"
     )]
+    /// Serve the HTTP API and the status page of the cluster (`/ui`), until ctrl-c.
+    ///
+    /// Without a token every caller is admin, so that is allowed on a loopback
+    /// address only; anything else needs `--admin-token` or `--read-token` (best
+    /// given through their environment variables, which `ps` does not show).
+    #[command(after_help = "Examples:\n  taskstage --prefix app serve\n  \
+                            TASKSTAGE_ADMIN_TOKEN=... taskstage --prefix app serve --listen 0.0.0.0:8080")]
+    Serve {
+        /// The address to listen on.
+        #[arg(long, default_value = "127.0.0.1:8080", value_name = "IP:PORT")]
+        listen: std::net::SocketAddr,
+        /// A token that may read and command.
+        #[arg(long, env = "TASKSTAGE_ADMIN_TOKEN", hide_env_values = true)]
+        admin_token: Option<String>,
+        /// A token that may only read.
+        #[arg(long, env = "TASKSTAGE_READ_TOKEN", hide_env_values = true)]
+        read_token: Option<String>,
+    },
     Completions {
         /// The shell.
         #[arg(value_enum)]

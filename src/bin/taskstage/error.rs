@@ -131,6 +131,14 @@ pub(crate) enum CliError {
         /// The desired stage that stays written.
         desired: &'static str,
     },
+    /// `serve` could not listen on its address.
+    #[error("serve: cannot listen on {addr}: {source}")]
+    Listen {
+        /// The address.
+        addr: String,
+        /// Why.
+        source: std::io::Error,
+    },
     /// Any other failure of the store or of its values.
     #[error("{command}: {error}")]
     Other {
@@ -236,7 +244,8 @@ impl CliError {
             | CliError::UnknownStage { .. }
             | CliError::NoSuchTask { .. }
             | CliError::NoTasks { .. }
-            | CliError::SpecFile { .. } => BAD_INPUT,
+            | CliError::SpecFile { .. }
+            | CliError::Listen { .. } => BAD_INPUT,
             CliError::Unreachable { .. } => UNREACHABLE,
             CliError::Stopped { .. }
             | CliError::Exists { .. }
@@ -252,6 +261,7 @@ impl CliError {
     pub(crate) fn kind(&self) -> &'static str {
         match self {
             CliError::Usage { .. } => "usage",
+            CliError::Listen { .. } => "cannot_listen",
             CliError::InvalidPrefix { .. } => "invalid_prefix",
             CliError::InvalidTask { .. } => "invalid_task_id",
             CliError::UnknownStage { .. } => "unknown_stage",
@@ -308,6 +318,9 @@ impl CliError {
     pub(crate) fn hint(&self) -> String {
         match self {
             CliError::Usage { .. } => "see `taskstage --help`".into(),
+            CliError::Listen { .. } => {
+                "choose a free address you may bind (--listen IP:PORT)".into()
+            }
             CliError::InvalidPrefix { .. } => {
                 "give the prefix the workers use (--prefix or TASKSTAGE_PREFIX)".into()
             }

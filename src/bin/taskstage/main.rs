@@ -128,8 +128,80 @@ async fn run(cli: &Cli) -> Outcome {
         } => create(cli, task, spec_file, *paused, desired.as_deref()).await,
         Command::Workers => workers(cli).await,
         Command::Watch { task } => watch(cli, task.as_deref()).await,
+        Command::Serve {
+            listen,
+            admin_token,
+            read_token,
+        } => serve(cli, *listen, admin_token.as_deref(), read_token.as_deref()).await,
         Command::Completions { .. } => Ok(()), // handled before the runtime starts
     }
+}
+
+/// Serves the HTTP API until ctrl-c. Refuses, before it connects or binds anything,
+/// to listen beyond loopback without a token. No token is ever printed.
+async fn serve(
+    cli: &Cli,
+    listen: std::net::SocketAddr,
+    admin: Option<&str>,
+    read: Option<&str>,
+) -> Outcome {
+    use taskstage::http::{Api, Auth};
+    let admin = admin.filter(|t| !t.is_empty());
+    let read = read.filter(|t| !t.is_empty());
+    let auth = if admin.is_none() && read.is_none() {
+        if !listen.ip().is_loopback() {
+            return Err(vec![CliError::Usage {
+                message: format!(
+                    "serve: refusing to listen on {listen} without a token: anyone who reaches it could pause and stop every task; set TASKSTAGE_ADMIN_TOKEN (or --admin-token), or listen on 127.0.0.1"
+                ),
+            }]);
+        }
+        Auth::open()
+    } else {
+        let mut auth = Auth::tokens();
+        if let Some(token) = admin {
+            auth = auth.admin(token);
+        }
+        if let Some(token) = read {
+            auth = auth.read_only(token);
+        }
+        auth
+    };
+    let controller = connect(cli, "serve").await?;
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|source| {
+            vec![CliError::Listen {
+                addr: listen.to_string(),
+                source,
+            }]
+        })?;
+    let addr = listener.local_addr().map_err(|source| {
+        vec![CliError::Listen {
+            addr: listen.to_string(),
+            source,
+        }]
+    })?;
+    let router = Api::cluster(controller).auth(auth).router();
+    emit(
+        "serve",
+        &format!(
+            "taskstage: serving the API of prefix {} on http://{addr}/v1/ and its status page on http://{addr}/ui ({})\n",
+            cli.prefix,
+            if admin.is_some() || read.is_some() { "bearer tokens needed" } else { "no token needed: loopback only" }
+        ),
+    )?;
+    axum::serve(listener, router)
+        .with_graceful_shutdown(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await
+        .map_err(|source| {
+            vec![CliError::Listen {
+                addr: addr.to_string(),
+                source,
+            }]
+        })
 }
 
 /// Checks the prefix, then connects: an unusable prefix is bad input even when the

@@ -1,0 +1,390 @@
+//! A cluster, as the API serves it: commands through the controller, the task list
+//! from a watched copy of the store.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use serde_json::{json, Value};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::error::ApiError;
+use super::hub::Hub;
+use super::{now_ms, BoxFuture, Cmd, Item, Reached, Source};
+use crate::cluster::{
+    ClusterError, Controller, DesiredStage, ObservedOutcome, ObservedStatus, TaskStatus,
+};
+
+/// How long the watch waits for a change before it reads again anyway.
+const RELIST: Duration = Duration::from_secs(10);
+/// The least time between two reads of the store: a store that reports a change at
+/// once (or fails at once) is not read in a busy loop.
+const MIN_INTERVAL: Duration = Duration::from_millis(50);
+/// How long a request waits for the first read of the store.
+const FIRST_READ: Duration = Duration::from_secs(5);
+
+/// The watched copy of the store's tasks.
+#[derive(Debug, Default)]
+struct Cache {
+    items: Vec<Item>,
+    index: HashMap<Arc<str>, usize>,
+}
+
+struct Inner {
+    controller: Controller,
+    cache: RwLock<Option<Arc<Cache>>>,
+    loaded: watch::Sender<bool>,
+    /// Why the last read of the store failed, if it did.
+    problem: Mutex<Option<String>>,
+    hub: Arc<Hub>,
+}
+
+/// Aborts the watch when the source goes.
+struct Abort(tokio::task::JoinHandle<()>);
+
+impl Drop for Abort {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+pub(crate) struct ClusterSource {
+    inner: Arc<Inner>,
+    _watch: Abort,
+}
+
+impl ClusterSource {
+    pub(crate) fn start(controller: Controller, hub: Arc<Hub>) -> Self {
+        let inner = Arc::new(Inner {
+            controller,
+            cache: RwLock::new(None),
+            loaded: watch::Sender::new(false),
+            problem: Mutex::new(None),
+            hub,
+        });
+        let task = tokio::spawn(follow(Arc::downgrade(&inner)));
+        ClusterSource {
+            inner,
+            _watch: Abort(task),
+        }
+    }
+
+    async fn cache(&self) -> Result<Arc<Cache>, ApiError> {
+        let mut loaded = self.inner.loaded.subscribe();
+        let ready = tokio::time::timeout(FIRST_READ, loaded.wait_for(|l| *l)).await;
+        if let Some(cache) = self
+            .inner
+            .cache
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+        {
+            return Ok(cache);
+        }
+        let why = self
+            .inner
+            .problem
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+            .unwrap_or_else(|| "the store has not been read yet".to_owned());
+        let _ = ready;
+        Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            why,
+        ))
+    }
+}
+
+/// Reads the store's tasks, publishes each change to the hub, and waits for the next
+/// change; ends when the API is gone.
+async fn follow(inner: Weak<Inner>) {
+    let mut revision = 0;
+    loop {
+        let started = Instant::now();
+        let Some(this) = inner.upgrade() else { return };
+        match this.controller.list().await {
+            Ok(list) => {
+                revision = list.iter().map(|s| s.revision).max().unwrap_or(revision);
+                apply(&this, &list);
+                *this.problem.lock().unwrap_or_else(PoisonError::into_inner) = None;
+            }
+            Err(error) => {
+                *this.problem.lock().unwrap_or_else(PoisonError::into_inner) =
+                    Some(format!("store unreachable: {error}"));
+            }
+        }
+        let controller = this.controller.clone();
+        drop(this);
+        if controller
+            .wait_tasks_change(revision, RELIST)
+            .await
+            .is_err()
+        {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        tokio::time::sleep_until(started + MIN_INTERVAL).await;
+    }
+}
+
+fn stage_of(status: &TaskStatus) -> Option<&ObservedStatus> {
+    status.current_observed()
+}
+
+fn outcome(outcome: &ObservedOutcome) -> Option<(&'static str, Option<String>)> {
+    match outcome {
+        ObservedOutcome::None => None,
+        ObservedOutcome::Completed => Some(("completed", None)),
+        ObservedOutcome::Cancelled => Some(("cancelled", None)),
+        ObservedOutcome::Failed(e) => Some(("failed", Some(e.clone()))),
+    }
+}
+
+fn item_of(status: &TaskStatus, since: Option<u64>) -> Item {
+    let observed = stage_of(status);
+    Item {
+        id: Arc::from(status.task.as_str()),
+        stage: observed.map(|o| o.stage),
+        desired: Some(status.desired.name()),
+        owner: status.owner.as_ref().map(|w| w.as_str().to_owned()),
+        token: status.owner_revision,
+        since,
+        outcome: observed.and_then(|o| outcome(&o.outcome)),
+        progress: None,
+    }
+}
+
+/// Replaces the cache with `list`; every task whose item changed is published.
+fn apply(inner: &Inner, list: &[TaskStatus]) {
+    let old = inner
+        .cache
+        .read()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    let now = now_ms();
+    let mut cache = Cache::default();
+    let mut changed = Vec::new();
+    for status in list {
+        let before = old.as_ref().and_then(|c| {
+            c.index
+                .get(status.task.as_str())
+                .and_then(|&i| c.items.get(i))
+        });
+        let mut item = item_of(status, Some(now));
+        match before {
+            Some(b) if b.stage == item.stage => item.since = b.since,
+            _ => {}
+        }
+        if before != Some(&item) {
+            changed.push((before.and_then(|b| b.stage), item.clone()));
+        }
+        cache.index.insert(Arc::clone(&item.id), cache.items.len());
+        cache.items.push(item);
+    }
+    *inner.cache.write().unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(cache));
+    inner.loaded.send_replace(true);
+    // Published after the cache holds them: a client that reloads on an event sees
+    // at least that change.
+    for (from, item) in changed {
+        let data = json!({
+            "task": &*item.id,
+            "from": from.map(crate::Stage::name),
+            "cause": null,
+            "item": item.to_json(),
+        });
+        inner
+            .hub
+            .push(Arc::clone(&item.id), "change", data.to_string());
+    }
+}
+
+fn map_error(error: ClusterError, id: &str, command: &'static str) -> ApiError {
+    let msg = error.to_string();
+    let e = match &error {
+        ClusterError::InvalidTaskId { .. } | ClusterError::NoSuchTask { .. } => {
+            return ApiError::unknown_task(id).command(command)
+        }
+        ClusterError::Stopped { .. } => {
+            ApiError::new(StatusCode::CONFLICT, "refused", msg).stage(Some(crate::Stage::Stopped))
+        }
+        ClusterError::Conflict { .. } => ApiError::new(StatusCode::CONFLICT, "conflict", msg),
+        ClusterError::TaskExists { .. } => ApiError::new(StatusCode::CONFLICT, "exists", msg),
+        ClusterError::Unreachable { .. }
+        | ClusterError::Store { .. }
+        | ClusterError::HistoryReplaced { .. } => {
+            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", msg)
+        }
+        _ => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", msg),
+    };
+    e.command(command).task(id)
+}
+
+fn answer(id: &str, cmd: Cmd, desired: DesiredStage, observed: &ObservedStatus) -> Value {
+    json!({
+        "id": id,
+        "command": cmd.name(),
+        "stage": observed.stage.name(),
+        "desired": desired.name(),
+        "owner": observed.owner.as_str(),
+        "token": observed.owner_revision,
+        "since": null,
+        "outcome": outcome(&observed.outcome).map(|(kind, error)| json!({"kind": kind, "error": error})),
+        "progress": null,
+        "generation": observed.generation,
+        "desired_revision": observed.desired_revision,
+    })
+}
+
+impl Source for ClusterSource {
+    fn kind(&self) -> &'static str {
+        "cluster"
+    }
+
+    fn list(&self) -> BoxFuture<'_, Result<Vec<Item>, ApiError>> {
+        Box::pin(async move { Ok(self.cache().await?.items.clone()) })
+    }
+
+    fn detail<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Value, ApiError>> {
+        Box::pin(async move {
+            let status = self
+                .inner
+                .controller
+                .status(id)
+                .await
+                .map_err(|e| map_error(e, id, "show"))?;
+            let mut body = item_of(&status, None).to_json();
+            if let Ok(cache) = self.cache().await {
+                if let Some(item) = cache.index.get(id).and_then(|&i| cache.items.get(i)) {
+                    body["since"] = json!(item.since);
+                }
+            }
+            body["desired_revision"] = json!(status.desired_revision);
+            body["answers"] = json!(status.answers(status.desired_revision));
+            body["generation"] = json!(stage_of(&status).map(|o| o.generation));
+            body["revision"] = json!(status.revision);
+            Ok(body)
+        })
+    }
+
+    fn exists<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<bool, ApiError>> {
+        Box::pin(async move {
+            match self.inner.controller.status(id).await {
+                Ok(_) => Ok(true),
+                Err(ClusterError::InvalidTaskId { .. } | ClusterError::NoSuchTask { .. }) => {
+                    Ok(false)
+                }
+                Err(e) => Err(map_error(e, id, "events")),
+            }
+        })
+    }
+
+    fn command<'a>(
+        &'a self,
+        id: &'a str,
+        cmd: Cmd,
+        wait: Duration,
+    ) -> BoxFuture<'a, Result<Reached, ApiError>> {
+        Box::pin(async move {
+            let controller = &self.inner.controller;
+            let desired = match cmd {
+                Cmd::Pause => DesiredStage::Paused,
+                Cmd::Resume => DesiredStage::Running,
+                Cmd::Stop => DesiredStage::Stopped,
+            };
+            let settling = |observed: Option<crate::Stage>, owner: Option<&str>| {
+                json!({
+                    "id": id,
+                    "command": cmd.name(),
+                    // Written, not yet answered by the owner.
+                    "stage": cmd.settling().name(),
+                    "desired": desired.name(),
+                    "observed": observed.map(crate::Stage::name),
+                    "owner": owner,
+                })
+            };
+            if wait.is_zero() {
+                controller
+                    .set_desired(id, desired)
+                    .await
+                    .map_err(|e| map_error(e, id, cmd.name()))?;
+                return Ok(Reached::Settling(settling(None, None)));
+            }
+            let result = match cmd {
+                Cmd::Pause => controller.pause_within(id, wait).await,
+                Cmd::Resume => controller.resume_within(id, wait).await,
+                Cmd::Stop => controller.stop_within(id, wait).await,
+            };
+            match result {
+                Ok(observed) => Ok(Reached::Done(answer(id, cmd, desired, &observed))),
+                Err(ClusterError::Timeout { owner, stage, .. }) => Ok(Reached::Settling(settling(
+                    stage,
+                    owner.as_ref().map(|w| w.as_str()),
+                ))),
+                Err(e) => Err(map_error(e, id, cmd.name())),
+            }
+        })
+    }
+
+    fn create<'a>(
+        &'a self,
+        id: &'a str,
+        spec: Vec<u8>,
+        stage: &'a str,
+    ) -> BoxFuture<'a, Result<Value, ApiError>> {
+        Box::pin(async move {
+            let desired: DesiredStage = stage.parse().map_err(|_| {
+                ApiError::bad_request(format!("unknown initial stage {stage:?}")).task(id)
+            })?;
+            let revision = self
+                .inner
+                .controller
+                .create(id, spec, desired)
+                .await
+                .map_err(|e| match e {
+                    ClusterError::InvalidTaskId { .. } => {
+                        ApiError::bad_request(e.to_string()).task(id)
+                    }
+                    e => map_error(e, id, "create"),
+                })?;
+            Ok(json!({"id": id, "desired": desired.name(), "desired_revision": revision}))
+        })
+    }
+
+    fn workers(&self) -> BoxFuture<'_, Result<Value, ApiError>> {
+        Box::pin(async move {
+            let ids = self
+                .inner
+                .controller
+                .workers()
+                .await
+                .map_err(|e| map_error(e, "", "workers"))?;
+            let cache = self.cache().await.ok();
+            let items: Vec<Value> = ids
+                .iter()
+                .map(|w| {
+                    let held = cache.as_ref().map(|c| {
+                        c.items
+                            .iter()
+                            .filter(|i| i.owner.as_deref() == Some(w.as_str()))
+                            .count()
+                    });
+                    json!({"id": w.as_str(), "tasks": held, "lease_left": null})
+                })
+                .collect();
+            Ok(json!({"total": items.len(), "items": items}))
+        })
+    }
+
+    fn problems(&self) -> Vec<String> {
+        self.inner
+            .problem
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .cloned()
+            .collect()
+    }
+}

@@ -1,0 +1,397 @@
+//! One process's tasks, as the API serves them.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use serde_json::Value;
+
+use super::error::ApiError;
+use super::hub::{Hub, DEFAULT_CAPACITY};
+use super::{now_ms, BoxFuture, Cmd, Item, Reached, Source};
+use crate::error::Error;
+use crate::runtime::{Event, TaskObserver, TaskSnapshot, WeakHandle};
+use crate::stage::Stage;
+use crate::{Handle, Outcome, TaskGroup};
+
+/// One task: read through its observer, commanded through a weak handle, so that
+/// serving it keeps nothing alive (dropping the application's last handle stops the
+/// task as it would without the API).
+struct Entry<C: Send + Sync + 'static> {
+    id: Arc<str>,
+    observer: TaskObserver<C>,
+    handle: WeakHandle<C>,
+    /// When the API saw the task enter its stage (ms since the epoch).
+    since: Arc<AtomicU64>,
+}
+
+/// The tasks in the order of addition, and each name's first place among them.
+type Table<C> = (Vec<Arc<Entry<C>>>, HashMap<Arc<str>, usize>);
+
+struct Inner<C: Send + Sync + 'static> {
+    entries: RwLock<Table<C>>,
+    hub: Arc<Hub>,
+}
+
+/// The tasks of one process that an [`Api::local`](super::Api::local) serves, by name.
+///
+/// Cheap to clone (clones share the tasks). It keeps no task alive: each is read
+/// through a [`TaskObserver`] and commanded through a [`WeakHandle`]. Names are the
+/// ids of the API: a name added twice is served as the first task of that name.
+pub struct LocalTasks<C: Send + Sync + 'static = ()> {
+    inner: Arc<Inner<C>>,
+}
+
+impl<C: Send + Sync + 'static> Clone for LocalTasks<C> {
+    fn clone(&self) -> Self {
+        LocalTasks {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+impl<C: Send + Sync + 'static> fmt::Debug for LocalTasks<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LocalTasks")
+            .field("tasks", &self.len())
+            .finish()
+    }
+}
+
+impl<C: Send + Sync + 'static> Default for LocalTasks<C> {
+    fn default() -> Self {
+        LocalTasks {
+            inner: Arc::new(Inner {
+                entries: RwLock::new((Vec::new(), HashMap::new())),
+                hub: Arc::new(Hub::new(DEFAULT_CAPACITY)),
+            }),
+        }
+    }
+}
+
+impl<C: Send + Sync + 'static> LocalTasks<C> {
+    /// No tasks yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// No tasks yet; the event streams keep the last `capacity` changes of all the
+    /// tasks together (4,096 unless set; at least 1): a client that falls further
+    /// behind, or resumes from an older event id, is sent a `gap` event.
+    pub fn with_event_capacity(capacity: usize) -> Self {
+        LocalTasks {
+            inner: Arc::new(Inner {
+                entries: RwLock::new((Vec::new(), HashMap::new())),
+                hub: Arc::new(Hub::new(capacity)),
+            }),
+        }
+    }
+
+    /// The tasks of `group` (the group keeps its handles and its commands).
+    ///
+    /// # Panics
+    ///
+    /// If and only if called outside a tokio runtime (each task's events are
+    /// followed by a spawned tokio task).
+    pub fn from_group(group: &TaskGroup<C>) -> Self {
+        let tasks = Self::new();
+        for handle in group.tasks() {
+            tasks.add(handle);
+        }
+        tasks
+    }
+
+    /// Serves one more task, named by its name.
+    ///
+    /// # Panics
+    ///
+    /// If and only if called outside a tokio runtime (the task's events are
+    /// followed by a spawned tokio task).
+    pub fn add(&self, handle: &Handle<C>) {
+        let observer = handle.observer();
+        // The stream is made before the stage is read: no change falls between them.
+        let mut events = observer.events();
+        let entry = Arc::new(Entry {
+            id: Arc::from(handle.name()),
+            observer,
+            handle: handle.downgrade(),
+            since: Arc::new(AtomicU64::new(now_ms())),
+        });
+        {
+            let mut entries = self
+                .inner
+                .entries
+                .write()
+                .unwrap_or_else(PoisonError::into_inner);
+            let index = entries.0.len();
+            entries.1.entry(Arc::clone(&entry.id)).or_insert(index);
+            entries.0.push(Arc::clone(&entry));
+        }
+        let hub = Arc::downgrade(&self.inner.hub);
+        let id = Arc::clone(&entry.id);
+        let since = Arc::clone(&entry.since);
+        let observer = entry.observer.clone();
+        tokio::spawn(async move {
+            // Ends after the task's terminal stage (the stream ends), or once the API
+            // is gone.
+            while let Some(event) = events.next().await {
+                let Some(hub) = hub.upgrade() else { break };
+                match event {
+                    Event::Change(change) => {
+                        let at = now_ms();
+                        if change.stage != change.from {
+                            // Relaxed: `since` is a display value; nothing is ordered by it.
+                            since.store(at, Ordering::Relaxed);
+                        }
+                        let snapshot = observer.snapshot();
+                        let item = Item {
+                            id: Arc::clone(&id),
+                            stage: Some(change.stage),
+                            desired: None,
+                            owner: None,
+                            token: None,
+                            since: Some(since.load(Ordering::Relaxed)),
+                            outcome: change.outcome.as_ref().map(outcome),
+                            progress: Some((snapshot.progress.done, snapshot.progress.total)),
+                        };
+                        let data = serde_json::json!({
+                            "task": &*id,
+                            "from": change.from.name(),
+                            "cause": change.cause.label(),
+                            "generation": change.generation,
+                            "item": item.to_json(),
+                        });
+                        hub.push(Arc::clone(&id), "change", data.to_string());
+                    }
+                    Event::Lagged { missed } => {
+                        let data = serde_json::json!({"task": &*id, "missed": missed});
+                        hub.push(Arc::clone(&id), "gap", data.to_string());
+                    }
+                }
+            }
+        });
+    }
+
+    /// How many tasks are served.
+    pub fn len(&self) -> usize {
+        self.inner
+            .entries
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .0
+            .len()
+    }
+
+    /// Whether no task is served.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Stops serving the tasks that have ended (Stopped or Finished), and returns
+    /// how many; the others keep their order.
+    pub fn remove_ended(&self) -> usize {
+        let mut entries = self
+            .inner
+            .entries
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        let before = entries.0.len();
+        entries.0.retain(|e| !e.observer.stage().is_terminal());
+        let mut index = HashMap::new();
+        for (i, e) in entries.0.iter().enumerate() {
+            index.entry(Arc::clone(&e.id)).or_insert(i);
+        }
+        entries.1 = index;
+        before - entries.0.len()
+    }
+
+    pub(crate) fn hub(&self) -> Arc<Hub> {
+        Arc::clone(&self.inner.hub)
+    }
+
+    fn entries(&self) -> Vec<Arc<Entry<C>>> {
+        self.inner
+            .entries
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .0
+            .clone()
+    }
+
+    fn find(&self, id: &str) -> Option<Arc<Entry<C>>> {
+        let entries = self
+            .inner
+            .entries
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
+        entries.1.get(id).and_then(|&i| entries.0.get(i)).cloned()
+    }
+}
+
+fn outcome(outcome: &Outcome) -> (&'static str, Option<String>) {
+    match outcome {
+        Outcome::Completed => ("completed", None),
+        Outcome::Cancelled => ("cancelled", None),
+        Outcome::Failed(error) => ("failed", Some(error.to_string())),
+    }
+}
+
+fn item_of<C: Send + Sync + 'static>(entry: &Entry<C>, snapshot: &TaskSnapshot) -> Item {
+    Item {
+        id: Arc::clone(&entry.id),
+        stage: Some(snapshot.stage),
+        desired: None,
+        owner: None,
+        token: None,
+        // Relaxed: a display value.
+        since: Some(entry.since.load(Ordering::Relaxed)),
+        outcome: snapshot.outcome.as_ref().map(outcome),
+        progress: Some((snapshot.progress.done, snapshot.progress.total)),
+    }
+}
+
+/// The answer body of a command: the task as it is now.
+fn answer<C: Send + Sync + 'static>(entry: &Entry<C>, cmd: Cmd, stage: Stage) -> Value {
+    let snapshot = entry.observer.snapshot();
+    let mut body = item_of(entry, &snapshot).to_json();
+    body["stage"] = Value::from(stage.name());
+    body["command"] = Value::from(cmd.name());
+    body
+}
+
+fn refused(cmd: Cmd, id: &str, error: &Error) -> ApiError {
+    ApiError::new(
+        StatusCode::CONFLICT,
+        "refused",
+        format!("{} of task {id}: {error}", cmd.name()),
+    )
+    .command(cmd.name())
+    .task(id)
+    .stage(Some(error.stage()))
+}
+
+impl<C: Send + Sync + 'static> Source for LocalTasks<C> {
+    fn kind(&self) -> &'static str {
+        "local"
+    }
+
+    fn list(&self) -> BoxFuture<'_, Result<Vec<Item>, ApiError>> {
+        Box::pin(async move {
+            Ok(self
+                .entries()
+                .iter()
+                .map(|e| item_of(e, &e.observer.snapshot()))
+                .collect())
+        })
+    }
+
+    fn detail<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Value, ApiError>> {
+        Box::pin(async move {
+            let entry = self.find(id).ok_or_else(|| ApiError::unknown_task(id))?;
+            let snapshot = entry.observer.snapshot();
+            let mut body = item_of(&entry, &snapshot).to_json();
+            body["generation"] = Value::from(snapshot.generation);
+            body["units"] = Value::from(snapshot.units);
+            body["unit"] = match &snapshot.unit {
+                Some((index, name)) => serde_json::json!({"index": index, "name": &**name}),
+                None => Value::Null,
+            };
+            body["user_paused"] = Value::from(snapshot.user_paused);
+            body["seq"] = Value::from(snapshot.seq);
+            Ok(body)
+        })
+    }
+
+    fn exists<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<bool, ApiError>> {
+        Box::pin(async move { Ok(self.find(id).is_some()) })
+    }
+
+    fn command<'a>(
+        &'a self,
+        id: &'a str,
+        cmd: Cmd,
+        wait: Duration,
+    ) -> BoxFuture<'a, Result<Reached, ApiError>> {
+        Box::pin(async move {
+            let entry = self.find(id).ok_or_else(|| ApiError::unknown_task(id))?;
+            let Some(handle) = entry.handle.upgrade() else {
+                // Every handle is gone: the task was stopped by its owner's drop.
+                return Err(ApiError::new(
+                    StatusCode::CONFLICT,
+                    "refused",
+                    format!(
+                        "{} of task {id} refused: the application dropped the task (stage {})",
+                        cmd.name(),
+                        entry.observer.stage()
+                    ),
+                )
+                .command(cmd.name())
+                .task(id)
+                .stage(Some(entry.observer.stage())));
+            };
+            let deadline = tokio::time::Instant::now() + wait;
+            let settled = match cmd {
+                Cmd::Pause | Cmd::Stop => {
+                    let issued = if cmd == Cmd::Pause {
+                        handle.pause_now()
+                    } else {
+                        handle.stop_now()
+                    };
+                    let settling = issued.map_err(|e| refused(cmd, id, &e))?;
+                    // The command stands if the wait runs out (the future is dropped).
+                    match tokio::time::timeout_at(deadline, settling).await {
+                        Ok(Ok(stage)) => Some(stage),
+                        Ok(Err(error @ Error::Refused { .. })) => {
+                            return Err(refused(cmd, id, &error))
+                        }
+                        Ok(Err(Error::Timeout { .. })) | Err(_) => None,
+                    }
+                }
+                Cmd::Resume => {
+                    match tokio::time::timeout_at(deadline, handle.resume_within(wait)).await {
+                        Ok(Ok(())) => {
+                            // Accepted; wait for the check to end (Running, or Paused
+                            // when it failed) as long as the wait allows.
+                            let reached = tokio::time::timeout_at(
+                                deadline,
+                                handle.wait_for_stage(|s| s != Stage::Resuming),
+                            )
+                            .await;
+                            reached.ok().map(|snapshot| snapshot.stage)
+                        }
+                        Ok(Err(error @ Error::Refused { .. })) => {
+                            return Err(refused(cmd, id, &error))
+                        }
+                        Ok(Err(Error::Timeout { .. })) | Err(_) => {
+                            // The task was still settling an earlier pause: the resume
+                            // waited for it and was never issued.
+                            let stage = handle.stage();
+                            return Err(ApiError::new(
+                                StatusCode::CONFLICT,
+                                "still_settling",
+                                format!(
+                                    "resume of task {id} not issued: the task was still {stage} when the wait ran out"
+                                ),
+                            )
+                            .command(cmd.name())
+                            .task(id)
+                            .stage(Some(stage)));
+                        }
+                    }
+                }
+            };
+            Ok(match settled {
+                Some(stage) => Reached::Done(answer(&entry, cmd, stage)),
+                // Accepted, not done: the stage as it is (Pausing, Resuming, Stopping).
+                None => Reached::Settling(answer(&entry, cmd, handle.stage())),
+            })
+        })
+    }
+
+    fn problems(&self) -> Vec<String> {
+        Vec::new()
+    }
+}

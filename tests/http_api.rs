@@ -1,0 +1,669 @@
+//! The HTTP API over one process's tasks (feature `http`): every answer checked
+//! against the units themselves.
+
+mod http_common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use axum::Router;
+use http_common::{call, Live, Probe, SseReader};
+use proptest::prelude::*;
+use serde_json::Value;
+use taskstage::http::{Api, Auth, LocalTasks};
+use taskstage::{Handle, Stage, Task, TaskGroup};
+
+const ADMIN: &str = "admin-token";
+const READ: &str = "read-token";
+const WITHIN: Duration = Duration::from_secs(10);
+
+struct Fixture {
+    router: Router,
+    group: TaskGroup,
+    tasks: LocalTasks,
+}
+
+fn auth() -> Auth {
+    Auth::tokens().admin(ADMIN).read_only(READ)
+}
+
+/// `names` running a [`Probe`] each; `held` names ignore their cancellation until
+/// the returned semaphore gives a permit.
+async fn fixture(
+    names: &[&str],
+    held: &[&str],
+    capacity: Option<usize>,
+) -> (Fixture, Vec<Live>, Arc<tokio::sync::Semaphore>) {
+    let hold = Arc::new(tokio::sync::Semaphore::new(0));
+    let mut group = TaskGroup::new();
+    let mut lives = Vec::new();
+    for name in names {
+        let live = Live::default();
+        let probe = Probe {
+            live: live.clone(),
+            hold: held.contains(name).then(|| Arc::clone(&hold)),
+        };
+        let handle = Task::builder(*name).unit(probe).spawn().expect("spawned");
+        handle.wait_for_stage(|s| s == Stage::Running).await;
+        group.add(handle);
+        lives.push(live);
+    }
+    let tasks = match capacity {
+        Some(c) => {
+            let tasks = LocalTasks::with_event_capacity(c);
+            for h in group.tasks() {
+                tasks.add(h);
+            }
+            tasks
+        }
+        None => LocalTasks::from_group(&group),
+    };
+    let router = Api::local(&tasks).auth(auth()).router();
+    (
+        Fixture {
+            router,
+            group,
+            tasks,
+        },
+        lives,
+        hold,
+    )
+}
+
+fn handle<'a>(f: &'a Fixture, name: &str) -> &'a Handle {
+    f.group
+        .tasks()
+        .iter()
+        .find(|h| h.name() == name)
+        .expect("a task of that name")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_200_paused_means_the_run_has_returned() {
+    let (f, lives, _) = fixture(&["orders"], &[], None).await;
+    assert_eq!(lives[0].now(), 1, "the run is alive before the pause");
+    let (status, body) = call(
+        &f.router,
+        "POST",
+        "/v1/tasks/orders/pause?wait=10s",
+        Some(ADMIN),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["stage"], "Paused");
+    assert_eq!(body["outcome"]["kind"], "cancelled");
+    // The unit says so too: its run's future has been dropped.
+    assert_eq!(lives[0].now(), 0, "a 200 Paused with the run still alive");
+    assert_eq!(handle(&f, "orders").stage(), Stage::Paused);
+
+    let (status, body) = call(
+        &f.router,
+        "POST",
+        "/v1/tasks/orders/resume?wait=10s",
+        Some(ADMIN),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["stage"], "Running");
+    assert_eq!(lives[0].now(), 1);
+
+    let (status, body) = call(
+        &f.router,
+        "POST",
+        "/v1/tasks/orders/stop",
+        Some(ADMIN),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["stage"], "Stopped");
+    assert_eq!(lives[0].now(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_that_runs_out_answers_202_pausing_and_claims_no_rest() {
+    let (f, lives, hold) = fixture(&["slow"], &["slow"], None).await;
+    let (status, body) = call(
+        &f.router,
+        "POST",
+        "/v1/tasks/slow/pause?wait=100ms",
+        Some(ADMIN),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    assert_eq!(body["stage"], "Pausing");
+    assert_eq!(lives[0].now(), 1, "the run is still alive, as the 202 says");
+
+    // `?wait=0` answers at once, with the truth of the moment.
+    let (status, body) = call(
+        &f.router,
+        "POST",
+        "/v1/tasks/slow/pause?wait=0",
+        Some(ADMIN),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    assert_eq!(body["stage"], "Pausing");
+
+    // Released, the run returns; a pause that waits now gets its 200.
+    hold.add_permits(1);
+    let (status, body) = call(
+        &f.router,
+        "POST",
+        "/v1/tasks/slow/pause?wait=10s",
+        Some(ADMIN),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["stage"], "Paused");
+    assert_eq!(lives[0].now(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_command_is_409_naming_command_task_and_stage_and_changes_nothing() {
+    let (f, _, _) = fixture(&["a"], &[], None).await;
+    let (status, _) = call(&f.router, "POST", "/v1/tasks/a/stop", Some(ADMIN), None).await;
+    assert_eq!(status, StatusCode::OK);
+    let seq = handle(&f, "a").snapshot().seq;
+    let (status, body) = call(&f.router, "POST", "/v1/tasks/a/pause", Some(ADMIN), None).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert_eq!(body["error_code"], "refused");
+    assert_eq!(body["command"], "pause");
+    assert_eq!(body["task"], "a");
+    assert_eq!(body["stage"], "Stopped");
+    let msg = body["error_msg"].as_str().unwrap_or_default();
+    assert!(
+        msg.contains("pause") && msg.contains('a') && msg.contains("Stopped"),
+        "{msg}"
+    );
+    assert_eq!(
+        handle(&f, "a").snapshot().seq,
+        seq,
+        "a refusal changed the task"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_list_filters_pages_and_shows_every_field() {
+    let names: Vec<String> = (0..25).map(|i| format!("t{i:02}")).collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let (f, _, _) = fixture(&refs, &[], None).await;
+    for name in ["t03", "t07"] {
+        let (status, _) = call(
+            &f.router,
+            "POST",
+            &format!("/v1/tasks/{name}/pause"),
+            Some(ADMIN),
+            None,
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK);
+    }
+    let (status, body) = call(&f.router, "GET", "/v1/tasks", Some(READ), None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["total"], 25);
+    let item = &body["items"][0];
+    for field in [
+        "id", "stage", "desired", "owner", "token", "since", "outcome", "progress",
+    ] {
+        assert!(item.get(field).is_some(), "no {field} in {item}");
+    }
+    assert_eq!(item["id"], "t00");
+    assert_eq!(item["progress"]["total"], 10);
+
+    let (_, body) = call(&f.router, "GET", "/v1/tasks?stage=Paused", Some(READ), None).await;
+    assert_eq!(body["total"], 2);
+    let ids: Vec<&str> = body["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|i| i["id"].as_str())
+        .collect();
+    assert_eq!(ids, ["t03", "t07"]);
+
+    let (_, body) = call(
+        &f.router,
+        "GET",
+        "/v1/tasks?offset=20&limit=3",
+        Some(READ),
+        None,
+    )
+    .await;
+    assert_eq!(body["total"], 25);
+    let ids: Vec<&str> = body["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|i| i["id"].as_str())
+        .collect();
+    assert_eq!(ids, ["t20", "t21", "t22"]);
+
+    // A local task has no owner: a worker filter matches none.
+    let (_, body) = call(&f.router, "GET", "/v1/tasks?worker=w1", Some(READ), None).await;
+    assert_eq!(body["total"], 0);
+
+    let (status, body) = call(&f.router, "GET", "/v1/tasks/t03", Some(READ), None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["stage"], "Paused");
+    assert_eq!(body["unit"]["name"], "probe");
+    assert_eq!(body["user_paused"], true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_its_status_in_the_error_shape() {
+    let (f, _, _) = fixture(&["a"], &[], None).await;
+    /// Method, URI, token, body, the status and `error_code` expected.
+    type Case<'a> = (
+        &'a str,
+        &'a str,
+        Option<&'a str>,
+        Option<Vec<u8>>,
+        StatusCode,
+        &'a str,
+    );
+    let cases: &[Case<'_>] = &[
+        (
+            "GET",
+            "/v1/tasks/nope",
+            Some(READ),
+            None,
+            StatusCode::NOT_FOUND,
+            "unknown_task",
+        ),
+        (
+            "POST",
+            "/v1/tasks/nope/pause",
+            Some(ADMIN),
+            None,
+            StatusCode::NOT_FOUND,
+            "unknown_task",
+        ),
+        (
+            "POST",
+            "/v1/tasks/a/pause?wait=soon",
+            Some(ADMIN),
+            None,
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+        ),
+        (
+            "POST",
+            "/v1/tasks/a/pause?wait=10h",
+            Some(ADMIN),
+            None,
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+        ),
+        (
+            "POST",
+            "/v1/tasks/a/pause?hurry=1",
+            Some(ADMIN),
+            None,
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+        ),
+        (
+            "GET",
+            "/v1/tasks?stage=Sleeping",
+            Some(READ),
+            None,
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+        ),
+        (
+            "GET",
+            "/v1/tasks?limit=x",
+            Some(READ),
+            None,
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+        ),
+        (
+            "GET",
+            "/v1/tasks",
+            None,
+            None,
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+        ),
+        (
+            "GET",
+            "/v1/tasks",
+            Some("guess"),
+            None,
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+        ),
+        (
+            "POST",
+            "/v1/tasks/a/pause",
+            None,
+            None,
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+        ),
+        (
+            "POST",
+            "/v1/tasks/a/pause",
+            Some(READ),
+            None,
+            StatusCode::FORBIDDEN,
+            "forbidden",
+        ),
+        (
+            "POST",
+            "/v1/tasks",
+            Some(ADMIN),
+            Some(vec![b'x'; 100_000]),
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+        ),
+        (
+            "POST",
+            "/v1/tasks",
+            Some(ADMIN),
+            Some(b"{not json".to_vec()),
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+        ),
+        (
+            "POST",
+            "/v1/tasks",
+            Some(ADMIN),
+            Some(br#"{"id":"b"}"#.to_vec()),
+            StatusCode::METHOD_NOT_ALLOWED,
+            "not_available",
+        ),
+        (
+            "GET",
+            "/v1/workers",
+            Some(READ),
+            None,
+            StatusCode::NOT_FOUND,
+            "not_available",
+        ),
+        (
+            "GET",
+            "/v2/tasks",
+            Some(READ),
+            None,
+            StatusCode::NOT_FOUND,
+            "not_found",
+        ),
+        (
+            "DELETE",
+            "/v1/tasks/a",
+            Some(ADMIN),
+            None,
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+        ),
+    ];
+    let seq = handle(&f, "a").snapshot().seq;
+    for (method, uri, token, body, status, code) in cases {
+        let (got, answer) = call(&f.router, method, uri, *token, body.clone()).await;
+        assert_eq!(got, *status, "{method} {uri}: {answer}");
+        assert_eq!(answer["error_code"], *code, "{method} {uri}: {answer}");
+        assert!(
+            answer["error_msg"].as_str().is_some_and(|m| !m.is_empty()),
+            "{answer}"
+        );
+    }
+    assert_eq!(
+        handle(&f, "a").snapshot().seq,
+        seq,
+        "bad input changed the task"
+    );
+    assert_eq!(handle(&f, "a").stage(), Stage::Running);
+
+    // Health needs no token; the scope is told to its holder.
+    let (status, body) = call(&f.router, "GET", "/v1/health", None, None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (_, body) = call(&f.router, "GET", "/v1/auth", Some(READ), None).await;
+    assert_eq!(body["scope"], "read");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_is_503_naming_a_task_stuck_in_a_transition() {
+    let hold = Arc::new(tokio::sync::Semaphore::new(0));
+    let live = Live::default();
+    let handle = Task::builder("stuck")
+        .unit(Probe {
+            live,
+            hold: Some(Arc::clone(&hold)),
+        })
+        .spawn()
+        .expect("spawned");
+    handle.wait_for_stage(|s| s == Stage::Running).await;
+    let tasks = LocalTasks::new();
+    tasks.add(&handle);
+    let router = Api::local(&tasks)
+        .auth(auth())
+        .stuck_after(Duration::from_millis(1))
+        .router();
+    let settling = handle.pause_now().expect("accepted");
+    // Wait on the state itself: health turns 503 once the task is stuck long enough.
+    let deadline = tokio::time::Instant::now() + WITHIN;
+    let body = loop {
+        let (status, body) = call(&router, "GET", "/v1/health", None, None).await;
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            break body;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "health never reported the stuck task: {body}"
+        );
+        tokio::task::yield_now().await;
+    };
+    let reasons = body["reasons"].to_string();
+    assert!(reasons.contains("Pausing"), "{reasons}");
+    hold.add_permits(1);
+    assert_eq!(settling.await.ok(), Some(Stage::Paused));
+    let (status, _) = call(&router, "GET", "/v1/health", None, None).await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_stream_every_change_in_order_and_resume_from_an_id() {
+    let (f, _, _) = fixture(&["a", "b"], &[], None).await;
+    let mut all = SseReader::open(&f.router, "/v1/events", READ, None).await;
+    let mut only_b = SseReader::open(&f.router, "/v1/tasks/b/events", READ, None).await;
+    for uri in [
+        "/v1/tasks/a/pause",
+        "/v1/tasks/b/pause",
+        "/v1/tasks/a/resume?wait=10s",
+    ] {
+        let (status, body) = call(&f.router, "POST", uri, Some(ADMIN), None).await;
+        assert_eq!(status, StatusCode::OK, "{uri}: {body}");
+    }
+    let mut seen = Vec::new();
+    let mut ids = Vec::new();
+    while seen.len() < 6 {
+        let event = all.next(WITHIN).await.expect("an event within 10 s");
+        assert_eq!(event.event, "change", "{event:?}");
+        ids.push(event.id.expect("an id"));
+        seen.push((
+            event.data["task"].as_str().unwrap_or("").to_owned(),
+            event.data["item"]["stage"]
+                .as_str()
+                .unwrap_or("")
+                .to_owned(),
+        ));
+    }
+    // Consecutive ids: nothing missing, nothing reordered.
+    assert!(ids.windows(2).all(|w| w[1] == w[0] + 1), "{ids:?}");
+    let a: Vec<&str> = seen
+        .iter()
+        .filter(|(t, _)| t == "a")
+        .map(|(_, s)| s.as_str())
+        .collect();
+    assert_eq!(a, ["Pausing", "Paused", "Resuming", "Running"]);
+    let b: Vec<&str> = seen
+        .iter()
+        .filter(|(t, _)| t == "b")
+        .map(|(_, s)| s.as_str())
+        .collect();
+    assert_eq!(b, ["Pausing", "Paused"]);
+
+    let first = only_b.next(WITHIN).await.expect("b's first event");
+    let second = only_b.next(WITHIN).await.expect("b's second event");
+    assert_eq!(
+        (
+            first.data["item"]["stage"].as_str(),
+            second.data["item"]["stage"].as_str()
+        ),
+        (Some("Pausing"), Some("Paused"))
+    );
+
+    // Resumed after the second event: the four after it, from the third on.
+    let mut resumed = SseReader::open(&f.router, "/v1/events", READ, Some(ids[1])).await;
+    let event = resumed
+        .next(WITHIN)
+        .await
+        .expect("the resumed stream's first event");
+    assert_eq!(event.id, Some(ids[2]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_behind_the_ring_gets_a_gap_marker_with_the_count() {
+    let (f, _, _) = fixture(&["a"], &[], Some(4)).await;
+    for _ in 0..3 {
+        for uri in ["/v1/tasks/a/pause", "/v1/tasks/a/resume?wait=10s"] {
+            let (status, _) = call(&f.router, "POST", uri, Some(ADMIN), None).await;
+            assert_eq!(status, StatusCode::OK);
+        }
+    }
+    // 12 changes pushed (4 a cycle); wait for the last on the hub itself.
+    let deadline = tokio::time::Instant::now() + WITHIN;
+    loop {
+        let (_, body) = call(&f.router, "GET", "/v1/tasks", Some(READ), None).await;
+        if body["seq"] == 12 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the hub never reached 12: {body}"
+        );
+        tokio::task::yield_now().await;
+    }
+    let mut stream = SseReader::open(&f.router, "/v1/events", READ, Some(0)).await;
+    let gap = stream.next(WITHIN).await.expect("a gap");
+    assert_eq!(gap.event, "gap", "{gap:?}");
+    assert_eq!(gap.data["missed"], 8, "{gap:?}");
+    let next = stream.next(WITHIN).await.expect("the oldest kept");
+    assert_eq!(next.id, Some(9));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_status_page_is_served_with_its_script_and_style_inlined() {
+    let (f, _, _) = fixture(&["a"], &[], None).await;
+    for path in ["/", "/ui"] {
+        let response = tower::ServiceExt::oneshot(
+            f.router.clone(),
+            axum::http::Request::get(path)
+                .body(axum::body::Body::empty())
+                .expect("request"),
+        )
+        .await
+        .expect("infallible");
+        assert_eq!(response.status(), StatusCode::OK);
+        let bytes = http_body_util::BodyExt::collect(response.into_body())
+            .await
+            .expect("body")
+            .to_bytes();
+        let text = String::from_utf8_lossy(&bytes);
+        assert!(
+            text.contains("<script>") && text.contains("v1/events"),
+            "{path}: no script"
+        );
+        assert!(
+            !text.contains("/*SCRIPT*/") && !text.contains("/*STYLE*/"),
+            "{path}: placeholders left"
+        );
+        assert!(
+            !text.contains("http://") && !text.contains("https://"),
+            "{path}: loads something from elsewhere"
+        );
+    }
+    assert_eq!(f.tasks.len(), 1);
+}
+
+fn segment() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just("v1".to_owned()),
+        Just("tasks".to_owned()),
+        Just("a".to_owned()),
+        Just("pause".to_owned()),
+        Just("resume".to_owned()),
+        Just("stop".to_owned()),
+        Just("events".to_owned()),
+        Just("workers".to_owned()),
+        Just("health".to_owned()),
+        Just("%ff".to_owned()),
+        Just("..".to_owned()),
+        Just(String::new()),
+        "[a-z0-9%._~-]{1,12}",
+    ]
+}
+
+fn query() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just(String::new()),
+        Just("?wait=".to_owned()),
+        Just("?wait=-1s".to_owned()),
+        Just("?wait=99999999999999999999s".to_owned()),
+        Just("?wait=1h".to_owned()),
+        Just("?stage=%ZZ".to_owned()),
+        Just("?limit=100000".to_owned()),
+        Just("?since=x".to_owned()),
+        "\\?[a-z=&%0-9]{0,20}",
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// Whatever the path, query, body and token: an answer (never a panic), an
+    /// error in the JSON shape, and an error changes nothing.
+    #[test]
+    fn any_request_gets_an_answer_and_an_error_changes_nothing(
+        method in prop_oneof![Just("GET"), Just("POST"), Just("PUT"), Just("DELETE")],
+        segments in proptest::collection::vec(segment(), 0..5),
+        query in query(),
+        body in proptest::option::of(proptest::collection::vec(any::<u8>(), 0..200)),
+        token in prop_oneof![Just(None), Just(Some(ADMIN)), Just(Some(READ)), Just(Some("nope"))],
+    ) {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
+        runtime.block_on(async {
+            let (f, _, _) = fixture(&["a"], &["a"], None).await;
+            let seq = handle(&f, "a").snapshot().seq;
+            let uri = format!("/{}{}", segments.join("/"), query);
+            let Ok(uri) = uri.parse::<axum::http::Uri>() else { return Ok(()) };
+            // Streams answer 200 and stay open: only their status is read.
+            let streaming = uri.path().ends_with("/events") && method == "GET";
+            let mut request = axum::http::Request::builder().method(method).uri(uri.clone());
+            if let Some(token) = token {
+                request = request.header("authorization", format!("Bearer {token}"));
+            }
+            let request = request.body(body.clone().map_or_else(axum::body::Body::empty, axum::body::Body::from)).expect("request");
+            let response = tower::ServiceExt::oneshot(f.router.clone(), request).await.expect("infallible");
+            let status = response.status();
+            if status.is_client_error() || status.is_server_error() {
+                let bytes = http_body_util::BodyExt::collect(response.into_body()).await.expect("body").to_bytes();
+                let answer: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+                prop_assert!(answer["error_code"].is_string(), "{method} {uri}: {status} {answer}");
+                prop_assert!(answer["error_msg"].is_string(), "{method} {uri}: {status} {answer}");
+                prop_assert_eq!(handle(&f, "a").snapshot().seq, seq, "{} {}: an error changed the task", method, uri);
+            } else if !streaming {
+                drop(response);
+            }
+            Ok(())
+        })?;
+    }
+}

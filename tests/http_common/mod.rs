@@ -1,0 +1,160 @@
+//! What the HTTP tests share: a unit that counts its live runs, and a client.
+#![allow(dead_code, reason = "each test file uses a part")]
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use axum::Router;
+use http_body_util::BodyExt;
+use serde_json::Value;
+use taskstage::{RunContext, RunError, RunExit, Unit};
+use tower::ServiceExt;
+
+/// Counts the runs alive: the count drops only when a run's future is dropped.
+#[derive(Clone, Default)]
+pub(crate) struct Live(Arc<AtomicUsize>);
+
+impl Live {
+    pub(crate) fn now(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+struct Alive(Live);
+
+impl Drop for Alive {
+    fn drop(&mut self) {
+        (self.0).0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A unit that runs until cancelled; with `hold`, it ignores its cancellation until
+/// the semaphore gives it a permit.
+pub(crate) struct Probe {
+    pub(crate) live: Live,
+    pub(crate) hold: Option<Arc<tokio::sync::Semaphore>>,
+}
+
+impl Unit for Probe {
+    fn name(&self) -> &str {
+        "probe"
+    }
+
+    async fn run(&mut self, ctx: RunContext) -> Result<RunExit, RunError> {
+        self.live.0.fetch_add(1, Ordering::SeqCst);
+        let _alive = Alive(self.live.clone());
+        ctx.report_progress(1, Some(10));
+        ctx.cancelled().await;
+        if let Some(hold) = &self.hold {
+            let _permit = hold.acquire().await;
+        }
+        Ok(RunExit::Cancelled)
+    }
+}
+
+/// One request through the router; the answer's status and JSON body (Null when
+/// the body is not JSON).
+pub(crate) async fn call(
+    router: &Router,
+    method: &str,
+    uri: &str,
+    token: Option<&str>,
+    body: Option<Vec<u8>>,
+) -> (StatusCode, Value) {
+    let mut request = Request::builder().method(method).uri(uri);
+    if let Some(token) = token {
+        request = request.header("authorization", format!("Bearer {token}"));
+    }
+    let request = request
+        .body(body.map_or_else(Body::empty, Body::from))
+        .expect("a valid request");
+    let response = router.clone().oneshot(request).await.expect("infallible");
+    let status = response.status();
+    let bytes = tokio::time::timeout(Duration::from_secs(30), response.into_body().collect())
+        .await
+        .expect("the body within 30 s")
+        .expect("a readable body")
+        .to_bytes();
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
+}
+
+/// An open event stream: reads whole events (`event`, `id`, `data`).
+pub(crate) struct SseReader {
+    body: Body,
+    buffer: String,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct SseEvent {
+    pub(crate) event: String,
+    pub(crate) id: Option<u64>,
+    pub(crate) data: Value,
+}
+
+impl SseReader {
+    pub(crate) async fn open(
+        router: &Router,
+        uri: &str,
+        token: &str,
+        last_id: Option<u64>,
+    ) -> Self {
+        let mut request = Request::builder()
+            .uri(uri)
+            .header("authorization", format!("Bearer {token}"));
+        if let Some(id) = last_id {
+            request = request.header("last-event-id", id.to_string());
+        }
+        let response = router
+            .clone()
+            .oneshot(request.body(Body::empty()).expect("a request"))
+            .await
+            .expect("infallible");
+        assert_eq!(response.status(), StatusCode::OK, "the stream opens");
+        SseReader {
+            body: response.into_body(),
+            buffer: String::new(),
+        }
+    }
+
+    /// The next event (keep-alive comments skipped), within `within`.
+    pub(crate) async fn next(&mut self, within: Duration) -> Option<SseEvent> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            if let Some(end) = self.buffer.find("\n\n") {
+                let block: String = self.buffer.drain(..end + 2).collect();
+                let mut event = SseEvent {
+                    event: "message".into(),
+                    id: None,
+                    data: Value::Null,
+                };
+                let mut data = String::new();
+                for line in block.lines() {
+                    if let Some(v) = line.strip_prefix("event: ") {
+                        event.event = v.to_owned();
+                    } else if let Some(v) = line.strip_prefix("id: ") {
+                        event.id = v.parse().ok();
+                    } else if let Some(v) = line.strip_prefix("data: ") {
+                        data.push_str(v);
+                    }
+                }
+                if data.is_empty() {
+                    continue; // a comment
+                }
+                event.data = serde_json::from_str(&data).unwrap_or(Value::Null);
+                return Some(event);
+            }
+            let frame = tokio::time::timeout_at(deadline, self.body.frame())
+                .await
+                .ok()??;
+            if let Ok(bytes) = frame.ok()?.into_data() {
+                self.buffer.push_str(&String::from_utf8_lossy(&bytes));
+            }
+        }
+    }
+}
