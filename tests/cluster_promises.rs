@@ -2189,7 +2189,7 @@ async fn a_clean_shutdown_hands_each_task_over_as_soon_as_its_run_is_gone() {
             .iter()
             .filter(|t| live.get(*t).is_some_and(|on| on == &["w2".to_owned()]))
             .collect();
-        (moved.len() >= 3).then(|| (moved.len(), live))
+        (moved.len() >= 3).then_some((moved.len(), live.clone()))
     })
     .await;
     let (count, live) = moved;
