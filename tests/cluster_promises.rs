@@ -2004,6 +2004,19 @@ async fn a_task_the_factory_cannot_build_is_not_claimed_again_in_a_loop() {
         (calls.load(Ordering::SeqCst) > 0).then_some(())
     })
     .await;
+    // A tight loop would ask again within a few turns of the runtime, and keep the
+    // paused clock from moving at all: look there first, so that it fails at once.
+    for _ in 0..10_000 {
+        tokio::task::yield_now().await;
+        if calls.load(Ordering::SeqCst) > 1 {
+            break;
+        }
+    }
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "the factory was asked again at once, for the same desired revision"
+    );
     // Fifty resyncs.
     tokio::time::sleep(Duration::from_secs(10)).await;
     assert_eq!(
