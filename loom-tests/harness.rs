@@ -1009,6 +1009,7 @@ impl<'w, P: Protocol> Driver<'w, P> {
 enum Expected {
     Completed,
     Cancelled,
+    Aborted,
     Failed(String),
     Unrequested,
 }
@@ -1018,6 +1019,7 @@ impl Expected {
         match (self, outcome) {
             (Expected::Completed, Outcome::Completed) => true,
             (Expected::Cancelled, Outcome::Cancelled) => true,
+            (Expected::Aborted, Outcome::Aborted) => true,
             (Expected::Failed(msg), Outcome::Failed(e)) => {
                 !e.is_unrequested_cancel() && e.to_string() == *msg
             }
@@ -1149,7 +1151,8 @@ pub(crate) fn check_end<P: Protocol>(world: &World<P>, logs: Vec<Vec<Event>>) {
             (StartKind::Launch, Exit::Ok) => Some(Expected::Completed),
             (_, Exit::Failed(e)) => Some(Expected::Failed(e.to_string())),
             (_, Exit::Cancelled) if cancelled_by_us => Some(Expected::Cancelled),
-            (_, Exit::Cancelled) => Some(Expected::Unrequested),
+            (_, Exit::Aborted) if cancelled_by_us => Some(Expected::Aborted),
+            (_, Exit::Cancelled | Exit::Aborted) => Some(Expected::Unrequested),
         }
     });
     match (&expected, &snapshot.outcome) {

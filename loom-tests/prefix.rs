@@ -182,7 +182,8 @@ impl Protocol for PreFix {
                 s.outcome = Some(Outcome::Failed(error));
                 s.step(from, Stage::Paused, Input::RunFailed)
             }
-            Exit::Cancelled => {
+            // The old protocol did not tell an abort from a cancel.
+            Exit::Cancelled | Exit::Aborted => {
                 s.outcome = Some(Outcome::Cancelled);
                 s.step(from, Stage::Paused, Input::RunCancelled)
             }

@@ -1990,6 +1990,17 @@ m144() {
 EOF
 }
 
+m194() {
+  WHERE="lifecycle/driver.rs: run, the race's end"
+  MUTANT="an aborted run is reported as cancelled: its outcome says it returned when asked, though its code was cut off wherever it was"
+  SUITE="--all-features --test runtime an_aborted_run_says_so"
+  edit src/lifecycle/driver.rs <<'EOF'
+                Ended::Aborted => Exit::Aborted,
+@@@@
+                Ended::Aborted => Exit::Cancelled,
+EOF
+}
+
 ALL=$(declare -F | awk '$3 ~ /^m[0-9]+$/ { print substr($3, 2) }' | sort -n | tr '\n' ' ')
 SELECTED=${MUTANTS:-$ALL}
 for n in $SELECTED; do

@@ -15,6 +15,11 @@ pub enum Outcome {
     Failed(RunError),
     /// The run returned because a pause or a stop cancelled it.
     Cancelled,
+    /// The run (or check) did not return: it was aborted, its future dropped
+    /// unfinished, by a stop that escalated after its grace, a dropped last handle,
+    /// or a runtime that shut down. What it was doing was cut off wherever it was;
+    /// as with [`Outcome::Cancelled`], the task's stage says where it stands.
+    Aborted,
 }
 
 /// Which kind of [`Outcome`] it is, without the error it may carry: for comparing
@@ -28,6 +33,8 @@ pub enum OutcomeKind {
     Failed,
     /// [`Outcome::Cancelled`].
     Cancelled,
+    /// [`Outcome::Aborted`].
+    Aborted,
 }
 
 impl Outcome {
@@ -48,6 +55,7 @@ impl Outcome {
             Outcome::Completed => OutcomeKind::Completed,
             Outcome::Failed(_) => OutcomeKind::Failed,
             Outcome::Cancelled => OutcomeKind::Cancelled,
+            Outcome::Aborted => OutcomeKind::Aborted,
         }
     }
 
@@ -55,7 +63,7 @@ impl Outcome {
     pub fn error(&self) -> Option<&RunError> {
         match self {
             Outcome::Failed(error) => Some(error),
-            Outcome::Completed | Outcome::Cancelled => None,
+            Outcome::Completed | Outcome::Cancelled | Outcome::Aborted => None,
         }
     }
 
@@ -72,6 +80,8 @@ pub enum Exit {
     Ok,
     /// It returned an error or panicked.
     Failed(RunError),
-    /// It returned because it was cancelled, or it was aborted.
+    /// It returned because it was cancelled.
     Cancelled,
+    /// It did not return: its future was dropped unfinished (an abort).
+    Aborted,
 }

@@ -82,7 +82,15 @@ fn handle<'a>(f: &'a Fixture, name: &str) -> &'a Handle {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_200_paused_means_the_run_has_returned() {
     let (f, lives, _) = fixture(&["orders"], &[], None).await;
-    assert_eq!(lives[0].now(), 1, "the run is alive before the pause");
+    // Running is published once the run is launched; its code runs a moment later.
+    let deadline = tokio::time::Instant::now() + WITHIN;
+    while lives[0].now() != 1 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the run is not alive before the pause"
+        );
+        tokio::task::yield_now().await;
+    }
     let (status, body) = call(
         &f.router,
         "POST",

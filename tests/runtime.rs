@@ -1030,3 +1030,36 @@ async fn a_check_paused_before_its_first_poll_never_runs_its_code() {
     assert_eq!(prepared.load(std::sync::atomic::Ordering::SeqCst), 1);
     handle.stop().await.expect("a stop");
 }
+
+/// A run that returned when cancelled is `Cancelled`; one that had to be aborted
+/// (a stop that escalated after its grace) is `Aborted`: its code was cut off
+/// wherever it was, and the outcome says so.
+#[tokio::test(flavor = "current_thread")]
+async fn an_aborted_run_says_so_and_a_cancelled_one_says_that() {
+    let live = Live::new();
+    let (polite, _polite_remote) = scripted("polite", &live);
+    let handle = Task::builder("polite").unit(polite).spawn().expect("spawn");
+    handle.wait_for_stage(|s| s == Stage::Running).await;
+    assert_eq!(handle.stop().await, Ok(Stage::Stopped));
+    assert!(
+        matches!(handle.snapshot().outcome, Some(Outcome::Cancelled)),
+        "{:?}",
+        handle.snapshot().outcome
+    );
+
+    let (stubborn, _stubborn_remote) = stubborn("stubborn", &live);
+    let handle = Task::builder("stubborn")
+        .unit(stubborn)
+        .spawn()
+        .expect("spawn");
+    handle.wait_for_stage(|s| s == Stage::Running).await;
+    assert_eq!(
+        handle.stop_within(Duration::from_millis(50)).await,
+        Ok(Stage::Stopped)
+    );
+    assert!(
+        matches!(handle.snapshot().outcome, Some(Outcome::Aborted)),
+        "{:?}",
+        handle.snapshot().outcome
+    );
+}

@@ -273,6 +273,7 @@ impl Timeline {
             snap.outcome.as_ref().map(|o| match o {
                 Outcome::Completed => "the run completed its unit".to_owned(),
                 Outcome::Cancelled => "the run returned after the cancel".to_owned(),
+                Outcome::Aborted => "the run was aborted".to_owned(),
                 Outcome::Failed(e) => format!("failed: {e}"),
             })
         } else {

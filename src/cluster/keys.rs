@@ -189,6 +189,9 @@ pub enum ObservedOutcome {
     Completed,
     /// The run was cancelled by a pause or a stop.
     Cancelled,
+    /// The run did not return: it was aborted (a stop that escalated after its
+    /// grace, or a worker that ended).
+    Aborted,
     /// The run or its pre-start check failed; the error's text.
     Failed(String),
 }
@@ -204,6 +207,7 @@ impl ObservedOutcome {
             None => ObservedOutcome::None,
             Some(crate::Outcome::Completed) => ObservedOutcome::Completed,
             Some(crate::Outcome::Cancelled) => ObservedOutcome::Cancelled,
+            Some(crate::Outcome::Aborted) => ObservedOutcome::Aborted,
             Some(crate::Outcome::Failed(e)) => ObservedOutcome::Failed(e.to_string()),
         }
     }
@@ -235,6 +239,7 @@ impl ObservedStatus {
             ObservedOutcome::None => "none".to_owned(),
             ObservedOutcome::Completed => "completed".to_owned(),
             ObservedOutcome::Cancelled => "cancelled".to_owned(),
+            ObservedOutcome::Aborted => "aborted".to_owned(),
             ObservedOutcome::Failed(e) => format!("failed:{}", e.replace('\n', " ")),
         };
         format!(
@@ -297,6 +302,7 @@ impl ObservedStatus {
                         "none" => ObservedOutcome::None,
                         "completed" => ObservedOutcome::Completed,
                         "cancelled" => ObservedOutcome::Cancelled,
+                        "aborted" => ObservedOutcome::Aborted,
                         v => match v.strip_prefix("failed:") {
                             Some(e) => ObservedOutcome::Failed(e.to_owned()),
                             None => return Err(corrupt(format!("unknown outcome {v:?}"))),
@@ -567,6 +573,7 @@ mod tests {
             ObservedOutcome::None,
             ObservedOutcome::Completed,
             ObservedOutcome::Cancelled,
+            ObservedOutcome::Aborted,
         ] {
             assert!(!outcome.is_failed(), "{outcome:?}");
         }

@@ -139,6 +139,7 @@ fn outcome(outcome: &ObservedOutcome) -> Option<(&'static str, Option<String>)> 
         ObservedOutcome::None => None,
         ObservedOutcome::Completed => Some(("completed", None)),
         ObservedOutcome::Cancelled => Some(("cancelled", None)),
+        ObservedOutcome::Aborted => Some(("aborted", None)),
         ObservedOutcome::Failed(e) => Some(("failed", Some(e.clone()))),
     }
 }

@@ -235,6 +235,7 @@ fn outcome(outcome: &Outcome) -> (&'static str, Option<String>) {
     match outcome {
         Outcome::Completed => ("completed", None),
         Outcome::Cancelled => ("cancelled", None),
+        Outcome::Aborted => ("aborted", None),
         Outcome::Failed(error) => ("failed", Some(error.to_string())),
     }
 }

@@ -432,7 +432,7 @@ where
             let held = self.held.take();
             let applied = self
                 .driver
-                .report(self.kind, self.generation, Exit::Cancelled, held);
+                .report(self.kind, self.generation, Exit::Aborted, held);
             Driver::carry_out_in_run(&self.driver, applied);
         }
     }
@@ -601,7 +601,8 @@ async fn run_armed<K, C, U, R>(
             // its token and returns by itself, unless it is aborted.
             let interrupt = pin!(plan.cancel.interrupted(kind == StartKind::Prepare));
             match race(interrupt, pin!(work)).await {
-                Ended::Aborted | Ended::Cancelled => Exit::Cancelled,
+                Ended::Aborted => Exit::Aborted,
+                Ended::Cancelled => Exit::Cancelled,
                 Ended::Done(exit) => exit,
             }
         };

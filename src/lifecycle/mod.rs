@@ -439,7 +439,7 @@ impl<K: CancelHandle, C, U> Lifecycle<K, C, U> {
         let input = match exit {
             Exit::Ok => Input::PrepOk,
             Exit::Failed(_) => Input::PrepFailed,
-            Exit::Cancelled => Input::PrepCancelled,
+            Exit::Cancelled | Exit::Aborted => Input::PrepCancelled,
         };
         self.report(generation, input, exit, Return::Unit(held))
     }
@@ -458,7 +458,7 @@ impl<K: CancelHandle, C, U> Lifecycle<K, C, U> {
             // Filled in under the lock, where the unit index is known.
             Exit::Ok => Input::RunOk { last_unit: false },
             Exit::Failed(_) => Input::RunFailed,
-            Exit::Cancelled => Input::RunCancelled,
+            Exit::Cancelled | Exit::Aborted => Input::RunCancelled,
         };
         self.report(generation, input, exit, Return::Unit(held))
     }
@@ -521,11 +521,12 @@ impl<K: CancelHandle, C, U> Lifecycle<K, C, U> {
         exit: Exit,
         held: Return<U>,
     ) -> Applied<K, C, U> {
+        let aborted = matches!(exit, Exit::Aborted);
         let error = match exit {
             Exit::Failed(error) => Some(error),
-            Exit::Ok | Exit::Cancelled => None,
+            Exit::Ok | Exit::Cancelled | Exit::Aborted => None,
         };
-        match self.input(input, Some((generation, error, held)), None, None) {
+        match self.input(input, Some((generation, error, held, aborted)), None, None) {
             Ok(applied) => applied,
             // Reports are events, which the table never refuses.
             Err(_) => Applied::ignored(),
@@ -535,7 +536,7 @@ impl<K: CancelHandle, C, U> Lifecycle<K, C, U> {
     fn input(
         &self,
         mut input: Input,
-        report: Option<(u64, Option<RunError>, Return<U>)>,
+        report: Option<(u64, Option<RunError>, Return<U>, bool)>,
         config: Option<C>,
         expected_seq: Option<u64>,
     ) -> Result<Applied<K, C, U>, Error> {
@@ -551,7 +552,10 @@ impl<K: CancelHandle, C, U> Lifecycle<K, C, U> {
         }
         let mut error = None;
         let mut held = Return::Nothing;
-        if let Some((generation, reported_error, returned)) = report {
+        // Whether the reported run (or check) was aborted rather than returned.
+        let mut aborted = false;
+        if let Some((generation, reported_error, returned, cut_off)) = report {
+            aborted = cut_off;
             // Invariant 6: the stale fence comes before the table.
             if generation != state.generation {
                 return Ok(Applied::ignored_with(returned));
@@ -630,7 +634,13 @@ impl<K: CancelHandle, C, U> Lifecycle<K, C, U> {
         match step.outcome {
             OutcomeChange::Keep => {}
             OutcomeChange::Completed => state.outcome = Some(Outcome::Completed),
-            OutcomeChange::Cancelled => state.outcome = Some(Outcome::Cancelled),
+            OutcomeChange::Cancelled => {
+                state.outcome = Some(if aborted {
+                    Outcome::Aborted
+                } else {
+                    Outcome::Cancelled
+                });
+            }
             OutcomeChange::UnrequestedCancel => {
                 state.outcome = Some(Outcome::Failed(RunError::unrequested_cancel()));
             }

@@ -13,6 +13,7 @@ pub(crate) fn outcome(observed: Option<&ObservedStatus>) -> (Option<&'static str
         Some(ObservedOutcome::None) => (Some("none"), None),
         Some(ObservedOutcome::Completed) => (Some("completed"), None),
         Some(ObservedOutcome::Cancelled) => (Some("cancelled"), None),
+        Some(ObservedOutcome::Aborted) => (Some("aborted"), None),
         Some(ObservedOutcome::Failed(e)) => (Some("failed"), Some(e)),
     }
 }
