@@ -2095,8 +2095,13 @@ async fn a_watch_from_exactly_the_compaction_revision_is_told_it_was_compacted()
     let at = store.txn(put("2")).await.expect("a put").revision;
     store.compact();
     let mut from_at = store.watch("c/".into(), at).await.expect("a watch");
-    let first =
-        std::future::poll_fn(|cx| futures_core::Stream::poll_next(from_at.as_mut(), cx)).await;
+    // On the paused clock: a watch that waits for nothing times out at once.
+    let first = tokio::time::timeout(
+        Duration::from_secs(5),
+        std::future::poll_fn(|cx| futures_core::Stream::poll_next(from_at.as_mut(), cx)),
+    )
+    .await
+    .expect("the watch answers at once");
     assert_eq!(
         first,
         Some(Ok(WatchMessage::Compacted { revision: at })),
@@ -2104,8 +2109,12 @@ async fn a_watch_from_exactly_the_compaction_revision_is_told_it_was_compacted()
     );
     let mut after = store.watch("c/".into(), at + 1).await.expect("a watch");
     let next = store.txn(put("3")).await.expect("a put").revision;
-    let message =
-        std::future::poll_fn(|cx| futures_core::Stream::poll_next(after.as_mut(), cx)).await;
+    let message = tokio::time::timeout(
+        Duration::from_secs(5),
+        std::future::poll_fn(|cx| futures_core::Stream::poll_next(after.as_mut(), cx)),
+    )
+    .await
+    .expect("the change is delivered");
     match message {
         Some(Ok(WatchMessage::Events { events, .. })) => {
             assert_eq!(events.len(), 1, "{events:?}");
