@@ -222,9 +222,6 @@ m4() {
   MUTANT="the wait_until predicate (user code) is evaluated while the core's lock is held, as Settled::poll does with its own check"
   SUITE="--test truth"
   edit src/lifecycle/mod.rs <<'EOF'
-        let snapshot = {
-            let mut state = lock(&this.core.state);
-            state.waiters.register(&mut this.id, cx.waker());
             state.snapshot()
         };
         // Invariant 7: the predicate is user code; no lock of ours is held here.
@@ -234,13 +231,14 @@ m4() {
         }
         Poll::Pending
 @@@@
-        let mut state = lock(&this.core.state);
-        let snapshot = state.snapshot();
-        if (this.predicate)(&snapshot) {
-            state.waiters.remove(this.id.take());
-            return Poll::Ready(snapshot);
-        }
-        state.waiters.register(&mut this.id, cx.waker());
+            let snapshot = state.snapshot();
+            if (this.predicate)(&snapshot) {
+                state.waiters.remove(this.id.take());
+                return Poll::Ready(snapshot);
+            }
+            snapshot
+        };
+        let _ = snapshot;
         Poll::Pending
 EOF
 }
@@ -413,10 +411,10 @@ m18() {
   WHERE="lifecycle/mod.rs: Lifecycle::input, wake-up"
   MUTANT="the async waiters' wakers are dropped instead of woken"
   SUITE="--lib"
-  edit src/lifecycle/mod.rs <<'EOF'
-        wakers.wake();
+  edit src/lifecycle/mod.rs "// Invariant 7: wake after the lock is released." <<'EOF'
+            wakers.wake();
 @@@@
-        drop(wakers);
+            drop(wakers);
 EOF
 }
 
@@ -1088,9 +1086,9 @@ m75() {
   MUTANT="the default event capacity is 1,000, not the documented 1,024"
   SUITE="--test events the_default_capacity"
   edit src/runtime/events.rs <<'EOF'
-pub const DEFAULT_EVENT_CAPACITY: usize = 1024;
+pub(crate) const DEFAULT_EVENT_CAPACITY: usize = 1024;
 @@@@
-pub const DEFAULT_EVENT_CAPACITY: usize = 1000;
+pub(crate) const DEFAULT_EVENT_CAPACITY: usize = 1000;
 EOF
 }
 
@@ -1115,18 +1113,20 @@ m77() {
   MUTANT="a clean shutdown withdraws the owner keys but leaves the reports"
   SUITE="--all-features --test cluster_promises a_clean_shutdown"
   edit src/cluster/worker/reconcile.rs <<'EOF'
-            let ops = vec![
-                Op::Delete {
-                    key: inner.keys.observed(&task),
-                },
-                Op::Delete {
-                    key: inner.keys.owner(&task),
-                },
-            ];
+                let ops = vec![
+                    Op::Delete {
+                        key: inner.keys.observed(&task),
+                    },
+                    Op::Delete {
+                        key: inner.keys.owner(&task),
+                    },
+                ];
+                // The semaphore is never closed.
 @@@@
-            let ops = vec![Op::Delete {
-                key: inner.keys.owner(&task),
-            }];
+                let ops = vec![Op::Delete {
+                    key: inner.keys.owner(&task),
+                }];
+                // The semaphore is never closed.
 EOF
 }
 
@@ -1226,11 +1226,15 @@ m85() {
   MUTANT="dropping a worker ends its loops (the lease guard with them) without stopping its runs first"
   SUITE="--all-features --test cluster_prop dropping_a_worker"
   edit src/cluster/worker/mod.rs <<'EOF'
-        for handle in self.inner.take_handles() {
+        self.shutdown.cancel();
+        for handle in self.inner.handles() {
             handle.stop_aborting();
         }
+        if let Some(task) = self.reconcile.take() {
 @@@@
-        drop(self.inner.take_handles());
+        self.shutdown.cancel();
+        drop(self.inner.handles());
+        if let Some(task) = self.reconcile.take() {
 EOF
 }
 
@@ -1851,9 +1855,9 @@ m138() {
   MUTANT="a conflict (another controller changed the desired stage meanwhile) exits 2, as bad input, though docs/cli.md says 1"
   SUITE="--all-features --bin taskstage a_conflict_is_refused"
   edit src/bin/taskstage/error.rs <<'EOF'
-            | CliError::SpecFile { .. } => BAD_INPUT,
+            | CliError::Listen { .. } => BAD_INPUT,
 @@@@
-            | CliError::SpecFile { .. }
+            | CliError::Listen { .. }
             | CliError::Conflict { .. } => BAD_INPUT,
 EOF
 }
