@@ -2000,12 +2000,24 @@ async fn a_task_the_factory_cannot_build_is_not_claimed_again_in_a_loop() {
         .create("bad", Vec::new(), DesiredStage::Running)
         .await
         .expect("create");
-    eventually(Duration::from_secs(5), "the factory is asked", || {
-        (calls.load(Ordering::SeqCst) > 0).then_some(())
-    })
-    .await;
-    // A tight loop would ask again within a few turns of the runtime, and keep the
-    // paused clock from moving at all: look there first, so that it fails at once.
+    // Turns of the runtime first: a tight loop keeps the paused clock from moving
+    // at all, so a wait on it would never end.
+    let mut asked = false;
+    for _ in 0..100_000 {
+        if calls.load(Ordering::SeqCst) > 0 {
+            asked = true;
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    if !asked {
+        eventually(Duration::from_secs(5), "the factory is asked", || {
+            (calls.load(Ordering::SeqCst) > 0).then_some(())
+        })
+        .await;
+    }
+    // A tight loop would ask again within a few turns of the runtime: look there
+    // first, so that it fails at once.
     for _ in 0..10_000 {
         tokio::task::yield_now().await;
         if calls.load(Ordering::SeqCst) > 1 {
