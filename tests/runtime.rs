@@ -644,7 +644,11 @@ async fn stop_aborts_a_unit_that_ignores_cancellation_and_reports_stopped_once_i
                 "aborted before the grace period"
             );
             let snap = handle.snapshot();
-            assert!(matches!(snap.outcome, Some(Outcome::Cancelled)));
+            assert!(
+                matches!(snap.outcome, Some(Outcome::Aborted)),
+                "{:?}",
+                snap.outcome
+            );
             // The aborted run's future was dropped; its unit was kept and closed by the stop.
             assert_eq!(remote.closed(), 1);
         },

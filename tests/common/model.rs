@@ -435,7 +435,10 @@ pub(crate) fn outcome_matches(seen: Option<&taskstage::Outcome>, want: Option<Ou
     match (seen, want) {
         (None, None) => true,
         (Some(O::Completed), Some(Outcome::Completed)) => true,
-        (Some(O::Cancelled), Some(Outcome::Cancelled)) => true,
+        // The model does not tell a run that returned when cancelled from one a stop
+        // aborted after its grace: both are its Cancelled. The difference is held by
+        // `runtime::an_aborted_run_says_so_and_a_cancelled_one_says_that`.
+        (Some(O::Cancelled | O::Aborted), Some(Outcome::Cancelled)) => true,
         (
             Some(O::Failed(error)),
             Some(Outcome::Failed {
