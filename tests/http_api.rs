@@ -116,7 +116,7 @@ async fn a_200_paused_means_the_run_has_returned() {
     .await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["stage"], "Running");
-    assert_eq!(lives[0].now(), 1);
+    lives[0].reaches(1).await;
 
     let (status, body) = call(
         &f.router,

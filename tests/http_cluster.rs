@@ -59,7 +59,7 @@ async fn a_cluster_pause_answers_200_only_once_the_owners_run_returned() {
     assert_eq!(status, StatusCode::OK, "{answer}");
     assert_eq!(answer["stage"], "Running");
     assert_eq!(answer["owner"], "worker-1");
-    assert_eq!(live.now(), 1);
+    live.reaches(1).await;
 
     let (status, answer) = call(
         &router,

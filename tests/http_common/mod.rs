@@ -21,6 +21,21 @@ impl Live {
     pub(crate) fn now(&self) -> usize {
         self.0.load(Ordering::SeqCst)
     }
+
+    /// Waits until `n` runs are alive, for at most 10 s: Running is published once
+    /// a run is launched, and its code starts a moment later.
+    pub(crate) async fn reaches(&self, n: usize) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        // Bounded by the deadline.
+        while self.now() != n {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{} runs alive, not {n}, 10 s after Running",
+                self.now()
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
 }
 
 struct Alive(Live);
