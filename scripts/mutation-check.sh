@@ -2005,6 +2005,61 @@ m194() {
 EOF
 }
 
+m195() {
+  WHERE="http/hub.rs: Hub::read"
+  MUTANT="a reader behind the ring is not told how many changes it missed: the stream skips them silently"
+  SUITE="--features http --lib http::hub"
+  edit src/http/hub.rs <<'EOF'
+            (oldest, oldest - next)
+@@@@
+            (oldest, 0)
+EOF
+}
+
+m196() {
+  WHERE="http/page.rs: html"
+  MUTANT="the page's style is not inlined: under a mount prefix it would be fetched from a URL that does not resolve"
+  SUITE="--features http --test http_api the_status_page_is_served"
+  edit src/http/page.rs <<'EOF'
+HTML.replace("/*STYLE*/", CSS)
+@@@@
+HTML.replace("/*STYLE-NOT*/", CSS)
+EOF
+}
+
+m197() {
+  WHERE="http/cluster.rs: item_of"
+  MUTANT="the cluster's task list names no fence token"
+  SUITE="--all-features --test http_cluster"
+  edit src/http/cluster.rs <<'EOF'
+        token: status.owner_revision,
+@@@@
+        token: None,
+EOF
+}
+
+m198() {
+  WHERE="outcome.rs: Outcome::kind"
+  MUTANT="an aborted run's kind is Cancelled: a policy comparing kinds cannot tell an abort"
+  SUITE="--all-features --test runtime an_aborted_run_says_so"
+  edit src/outcome.rs <<'EOF'
+            Outcome::Aborted => OutcomeKind::Aborted,
+@@@@
+            Outcome::Aborted => OutcomeKind::Cancelled,
+EOF
+}
+
+m199() {
+  WHERE="typestate.rs: TaskBuilder::spawn_typed_paused"
+  MUTANT="the typed paused spawn starts the task: its owner says New while the check already runs"
+  SUITE="--all-features --test typestate"
+  edit src/typestate.rs <<'EOF'
+        self.spawn_paused().map(Task::typed)
+@@@@
+        self.spawn().map(Task::typed)
+EOF
+}
+
 ALL=$(declare -F | awk '$3 ~ /^m[0-9]+$/ { print substr($3, 2) }' | sort -n | tr '\n' ' ')
 SELECTED=${MUTANTS:-$ALL}
 for n in $SELECTED; do
