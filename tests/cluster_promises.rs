@@ -1375,8 +1375,18 @@ async fn join_tracked_holding(
     runs: &Runs,
     capacity: usize,
 ) -> Worker {
+    join_tracked_on(store.clone(), id, runs, capacity).await
+}
+
+/// [`join_tracked`] through a door of the test's own to the store.
+async fn join_tracked_on(
+    store: impl Coordinator,
+    id: &str,
+    runs: &Runs,
+    capacity: usize,
+) -> Worker {
     let (worker, runs) = (id.to_owned(), runs.clone());
-    Worker::builder(store.clone(), "restore", id)
+    Worker::builder(store, "restore", id)
         .capacity(capacity)
         // tokio's paused clock: only this runtime sees it.
         .lease_keeping(LeaseKeeping::SharedRuntime)
@@ -1658,23 +1668,7 @@ async fn after_a_restore_no_task_is_claimed_while_a_worker_that_did_not_notice_m
     let snapshot = store.snapshot();
     // After the backup, w3 joins and is handed its share from w1 and w2.
     let door = Door::new(&store);
-    let (worker, tracked) = ("w3".to_owned(), runs.clone());
-    let mut w3 = Worker::builder(door.clone(), "restore", "w3")
-        .lease_keeping(LeaseKeeping::SharedRuntime)
-        .ttl(RESTORE_TTL)
-        .stop_bound(Duration::from_millis(600))
-        .resync(Duration::from_millis(200))
-        .op_timeout(Duration::from_secs(1))
-        .join(move |spec| {
-            Ok(Task::builder(spec.task.as_str()).unit(Tracked {
-                task: spec.task.as_str().to_owned(),
-                worker: worker.clone(),
-                token: spec.fencer.token().revision,
-                runs: tracked.clone(),
-            }))
-        })
-        .await
-        .expect("w3 joins");
+    let mut w3 = join_tracked_on(door.clone(), "w3", &runs, 16).await;
     eventually(Duration::from_secs(10), "w3 runs its share", || {
         let live = runs.live();
         let on_w3 = live
