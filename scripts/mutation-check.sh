@@ -2060,6 +2060,18 @@ m199() {
 EOF
 }
 
+m220() {
+  WHERE="cluster/worker/reconcile.rs: after_replaced"
+  MUTANT="a worker that could not move the store's revision past what it saw ends anyway: its next incarnation claims under lower tokens"
+  SUITE="--all-features --test cluster_promises"
+  edit src/cluster/worker/reconcile.rs <<'EOF'
+        rounds += 1;
+@@@@
+        rounds += 1;
+        break;
+EOF
+}
+
 ALL=$(declare -F | awk '$3 ~ /^m[0-9]+$/ { print substr($3, 2) }' | sort -n | tr '\n' ' ')
 SELECTED=${MUTANTS:-$ALL}
 for n in $SELECTED; do

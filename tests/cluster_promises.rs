@@ -1728,6 +1728,131 @@ async fn after_a_restore_no_task_is_claimed_while_a_worker_that_did_not_notice_m
     w2.shutdown().await.expect("w2 shuts down");
 }
 
+/// A door to the store that refuses, while `refusing` is set, every write of the
+/// key a worker moves the store's revision on with after a restore.
+#[derive(Clone)]
+struct NoHistoryWrites {
+    store: MemoryCoordinator,
+    refusing: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Coordinator for NoHistoryWrites {
+    pass_to_store!(grant, keep_alive, revoke, list, watch, wait_change);
+
+    fn txn(&self, txn: Txn) -> BoxFuture<'_, Result<TxnResult, ClusterError>> {
+        Box::pin(async move {
+            let moves_on = txn
+                .then
+                .iter()
+                .any(|op| matches!(op, Op::Put { key, .. } if key == "restore/history"));
+            if moves_on && self.refusing.load(Ordering::SeqCst) {
+                return Err(ClusterError::Unreachable {
+                    op: "txn",
+                    detail: "refused by the test".into(),
+                });
+            }
+            self.store.txn(txn).await
+        })
+    }
+}
+
+/// A worker that noticed a restore but cannot move the store's revision past the
+/// highest it saw does not end: were it to, its application would join again and
+/// claim tasks under fence tokens below ones already handed out. It ends once the
+/// revision is moved on, and the tasks' next tokens are above the old ones.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_worker_that_cannot_move_the_revision_on_does_not_end_until_it_has() {
+    let store = MemoryCoordinator::new();
+    let runs = Runs::default();
+    let refusing = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let door = NoHistoryWrites {
+        store: store.clone(),
+        refusing: Arc::clone(&refusing),
+    };
+    let mut w1 = join_tracked_on(door, "w1", &runs, 16).await;
+    let controller = Controller::new(store.clone(), "restore").expect("a controller");
+    let tasks: Vec<String> = (0..3).map(|i| format!("t{i}")).collect();
+    for task in &tasks {
+        controller
+            .create(task, Vec::new(), DesiredStage::Running)
+            .await
+            .expect("create");
+    }
+    eventually(Duration::from_secs(10), "every task runs", || {
+        (runs.live().len() == 3).then_some(())
+    })
+    .await;
+    let snapshot = store.snapshot();
+    // After the backup: every task paused and resumed, under new tokens.
+    for task in &tasks {
+        controller
+            .pause_within(task, Duration::from_secs(10))
+            .await
+            .expect("pause");
+        controller
+            .resume_within(task, Duration::from_secs(10))
+            .await
+            .expect("resume");
+    }
+    eventually(Duration::from_secs(10), "every task runs again", || {
+        (runs.live().len() == 3).then_some(())
+    })
+    .await;
+    let before = runs.highest_tokens();
+    let seen = store.list("restore/".into()).await.expect("list").revision;
+
+    refusing.store(true, Ordering::SeqCst);
+    store.restore(&snapshot, 0);
+    eventually(RESTORE_TTL * 3, "w1 stops its runs", || {
+        runs.live().is_empty().then_some(())
+    })
+    .await;
+    let still = tokio::time::timeout(RESTORE_TTL * 10, w1.closed()).await;
+    assert!(
+        still.is_err(),
+        "w1 ended ({still:?}) though the store's revision is still below {seen}: its next \
+         incarnation would claim tasks under tokens below {before:?}"
+    );
+    let now = store.list("restore/".into()).await.expect("list").revision;
+    assert!(now <= seen, "the store moved on by itself: {now} > {seen}");
+
+    refusing.store(false, Ordering::SeqCst);
+    let ended = tokio::time::timeout(RESTORE_TTL * 10, w1.closed())
+        .await
+        .expect("w1 ends once it moved the revision on");
+    assert!(
+        matches!(ended, Err(ClusterError::HistoryReplaced { .. })),
+        "w1 ended with {ended:?}"
+    );
+    let now = store.list("restore/".into()).await.expect("list").revision;
+    assert!(now > seen, "the store's revision {now} is not past {seen}");
+    drop(w1);
+    let started_before = runs.state().starts.len();
+    let w1 = join_tracked(&store, "w1", &runs).await;
+    eventually(
+        RESTORE_TTL + Duration::from_secs(10),
+        "every task runs",
+        || (runs.live().len() == 3).then_some(()),
+    )
+    .await;
+    {
+        let state = runs.state();
+        assert_eq!(
+            state.most, 1,
+            "two live runs of one task: {:?}",
+            state.overlaps
+        );
+        for (task, worker, token) in &state.starts[started_before..] {
+            assert!(
+                *token > before[task],
+                "{worker} ran {task} under token {token}, below {} handed out before the restore",
+                before[task]
+            );
+        }
+    }
+    w1.shutdown().await.expect("w1 shuts down");
+}
+
 /// A door to the store whose listings never answer in time: a worker that cannot
 /// list (a listing too large for its messages, a store too far).
 #[derive(Clone)]

@@ -223,7 +223,7 @@ pub(super) async fn reconcile(
         if lease.stop_at.is_none() && state.slots.values().all(|s| s.task.is_none()) {
             if let Some(replaced) = inner.history.replaced() {
                 state.actions.shutdown().await;
-                return Err(after_replaced(&inner, replaced).await);
+                return Err(after_replaced(&inner, replaced, &shutdown).await);
             }
             tracing::warn!(worker = %inner.id, "lease lost; every run stopped");
             return Err(ClusterError::LeaseLost {
@@ -1114,6 +1114,13 @@ fn build(
 /// How many writes may be in flight while the store's revision is moved on.
 const ADVANCE_IN_FLIGHT: usize = 32;
 
+/// How long a write that failed waits before it is sent again.
+const ADVANCE_BACKOFF: Duration = Duration::from_millis(100);
+
+/// How often a worker that could not move the store's revision on in time says so
+/// again while it keeps trying.
+const ADVANCE_RETRY: Duration = Duration::from_secs(10);
+
 /// What a worker does once its runs are gone after the store's history was found
 /// replaced, before it ends: the store's revision is moved past the highest this
 /// worker saw, so that every owner key created from then on (every fence token)
@@ -1123,36 +1130,73 @@ const ADVANCE_IN_FLIGHT: usize = 32;
 /// application's next join claims nothing that an old run may still hold; then it
 /// revokes its lease.
 ///
-/// Bounded: the moving and the wait both end one TTL and one call deadline after
-/// the finding.
-async fn after_replaced(inner: &Arc<Inner>, replaced: Replaced) -> ClusterError {
+/// If the revision cannot be moved on within one TTL and one call deadline (the
+/// store unreachable, or far behind), the worker does not end: the application's
+/// next join could claim tasks under tokens below ones already handed out. It says
+/// so, loudly, every [`ADVANCE_RETRY`], and keeps writing until the store is past
+/// the revision, or until [`Worker::shutdown`](super::Worker::shutdown), which ends
+/// it with the error logged.
+///
+/// Bounded: one TTL and one call deadline after the finding when the store
+/// answers; otherwise by the shutdown.
+async fn after_replaced(
+    inner: &Arc<Inner>,
+    replaced: Replaced,
+    shutdown: &CancellationToken,
+) -> ClusterError {
     let until = replaced.at + inner.ttl + inner.op_timeout;
     let target = inner.history.high().max(replaced.seen);
-    let advanced = inner
-        .control
-        .spawn(advance(
+    let mut round_end = until;
+    let mut rounds = 0u64;
+    // Bounded by the shutdown token; each round by its deadline.
+    loop {
+        let advanced = inner.control.spawn(advance(
             Arc::clone(&inner.raw_control),
             inner.keys.history(),
             target,
             inner.op_timeout,
-            until,
-        ))
-        .await;
-    match advanced {
-        Ok(Ok(revision)) => tracing::warn!(
-            worker = %inner.id,
-            target,
-            revision,
-            "the store's revision was moved past the highest seen before it was replaced"
-        ),
-        Ok(Err(error)) => tracing::error!(
-            worker = %inner.id,
-            target,
-            %error,
-            "could not move the store's revision past {target}: fence tokens of tasks claimed \
-             from now on may be lower than ones handed out before the restore"
-        ),
-        Err(error) => tracing::error!(worker = %inner.id, %error, "moving the revision on failed"),
+            round_end,
+        ));
+        let advanced = tokio::select! {
+            advanced = advanced => advanced,
+            _ = shutdown.cancelled() => {
+                tracing::error!(
+                    worker = %inner.id,
+                    target,
+                    "shut down before the store's revision was past {target}: fence tokens of \
+                     tasks claimed from now on may be lower than ones handed out before the \
+                     restore"
+                );
+                break;
+            }
+        };
+        match advanced {
+            Ok(Ok(revision)) => {
+                tracing::warn!(
+                    worker = %inner.id,
+                    target,
+                    revision,
+                    "the store's revision was moved past the highest seen before it was replaced"
+                );
+                break;
+            }
+            Ok(Err(error)) => tracing::error!(
+                worker = %inner.id,
+                target,
+                %error,
+                rounds,
+                "cannot move the store's revision past {target}: the worker does not end (and \
+                 its application cannot join again) until it has, so that no fence token goes \
+                 below one handed out before the restore; on etcd 3.5 or later, restore with \
+                 --bump-revision"
+            ),
+            Err(error) => {
+                tracing::error!(worker = %inner.id, %error, "moving the revision on failed");
+                break;
+            }
+        }
+        rounds += 1;
+        round_end = Instant::now().max(until) + ADVANCE_RETRY;
     }
     tokio::time::sleep_until(until).await;
     let _ = within(
@@ -1206,7 +1250,11 @@ async fn advance(
         }
         match tokio::time::timeout_at(until, writes.join_next()).await {
             Ok(Some(Ok(Ok(result)))) => reached = reached.max(result.revision),
-            Ok(Some(Ok(Err(error)))) => last_error = Some(error),
+            Ok(Some(Ok(Err(error)))) => {
+                last_error = Some(error);
+                // A store that refuses at once is not written to in a tight loop.
+                tokio::time::sleep_until(until.min(Instant::now() + ADVANCE_BACKOFF)).await;
+            }
             Ok(Some(Err(error))) => {
                 last_error = Some(ClusterError::Store {
                     op: "advance revision",
