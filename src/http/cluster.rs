@@ -223,6 +223,18 @@ fn map_error(error: ClusterError, id: &str, command: &'static str) -> ApiError {
     e.command(command).task(id)
 }
 
+fn map_worker_error(error: ClusterError, id: &str) -> ApiError {
+    match error {
+        ClusterError::InvalidWorkerId { .. } | ClusterError::NoSuchWorker { .. } => ApiError::new(
+            StatusCode::NOT_FOUND,
+            "unknown_worker",
+            format!("worker {id:?} is not a member"),
+        )
+        .command("drain"),
+        error => map_error(error, "", "drain"),
+    }
+}
+
 fn answer(id: &str, cmd: Cmd, desired: DesiredStage, observed: &ObservedStatus) -> Value {
     json!({
         "id": id,
@@ -356,26 +368,65 @@ impl Source for ClusterSource {
 
     fn workers(&self) -> BoxFuture<'_, Result<Value, ApiError>> {
         Box::pin(async move {
-            let ids = self
+            let members = self
                 .inner
                 .controller
-                .workers()
+                .worker_statuses()
                 .await
                 .map_err(|e| map_error(e, "", "workers"))?;
             let cache = self.cache().await.ok();
-            let items: Vec<Value> = ids
+            let items: Vec<Value> = members
                 .iter()
                 .map(|w| {
                     let held = cache.as_ref().map(|c| {
                         c.items
                             .iter()
-                            .filter(|i| i.owner.as_deref() == Some(w.as_str()))
+                            .filter(|i| i.owner.as_deref() == Some(w.worker.as_str()))
                             .count()
                     });
-                    json!({"id": w.as_str(), "tasks": held, "lease_left": null})
+                    json!({
+                        "id": w.worker.as_str(),
+                        "tasks": held,
+                        "draining": w.draining,
+                        "lease_left": null,
+                    })
                 })
                 .collect();
             Ok(json!({"total": items.len(), "items": items}))
+        })
+    }
+
+    fn drain<'a>(
+        &'a self,
+        id: &'a str,
+        wait: Duration,
+    ) -> BoxFuture<'a, Result<Reached, ApiError>> {
+        Box::pin(async move {
+            let controller = &self.inner.controller;
+            let body = |held: usize| json!({"id": id, "command": "drain", "draining": true, "tasks": held});
+            let result = if wait.is_zero() {
+                controller.drain(id).await
+            } else {
+                controller.drain_within(id, wait).await
+            };
+            match result {
+                Ok(()) if !wait.is_zero() => Ok(Reached::Done(body(0))),
+                // Written: how many tasks it still holds, read after the write.
+                Ok(()) => {
+                    let held = controller
+                        .held_by(id)
+                        .await
+                        .map_err(|e| map_worker_error(e, id))?
+                        .len();
+                    Ok(if held == 0 {
+                        Reached::Done(body(0))
+                    } else {
+                        Reached::Settling(body(held))
+                    })
+                }
+                Err(ClusterError::DrainTimeout { held, .. }) => Ok(Reached::Settling(body(held))),
+                Err(e) => Err(map_worker_error(e, id)),
+            }
         })
     }
 

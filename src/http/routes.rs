@@ -48,6 +48,7 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/tasks/{id}/events", get(task_events))
         .route("/v1/events", get(all_events))
         .route("/v1/workers", get(workers))
+        .route("/v1/workers/{id}/drain", post(drain))
         .route("/v1/auth", get(whoami))
         // Applies to the routes above only: unknown routes are 404 without a token.
         .route_layer(middleware::from_fn_with_state(
@@ -392,6 +393,29 @@ async fn workers(State(shared): St, RawQuery(query): RawQuery) -> Result<Respons
     params(query.as_deref(), &[])?;
     let body = shared.source.workers().await?;
     Ok(json_response(StatusCode::OK, &body))
+}
+
+async fn drain(
+    State(shared): St,
+    path: Result<Path<String>, PathRejection>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ApiError> {
+    let fail = |e: ApiError| e.command("drain");
+    let Path(id) = path.map_err(|e| {
+        fail(ApiError::bad_request(format!(
+            "bad worker id in the path: {e}"
+        )))
+    })?;
+    let params = params(query.as_deref(), &["wait"]).map_err(fail)?;
+    let wait = param(&params, "wait")
+        .map(parse_wait)
+        .transpose()
+        .map_err(fail)?
+        .unwrap_or(DEFAULT_WAIT);
+    match shared.source.drain(&id, wait).await? {
+        Reached::Done(body) => Ok(json_response(StatusCode::OK, &body)),
+        Reached::Settling(body) => Ok(json_response(StatusCode::ACCEPTED, &body)),
+    }
 }
 
 async fn health(State(shared): St) -> Response {
