@@ -139,7 +139,8 @@ async fn a_drained_worker_hands_every_task_over_and_no_run_overlaps_another() {
     let controller = Controller::new(store.clone(), "drain").expect("a controller");
 
     // w1 alone takes every task, "flaky" among them, whose run fails on w1.
-    let w1 = join(&store, "w1", &recorder, &live).await;
+    let w1_live = Arc::new(AtomicUsize::new(0));
+    let w1 = join(&store, "w1", &recorder, &w1_live).await;
     let tasks: Vec<String> = (0..11)
         .map(|i| format!("t{i:02}"))
         .chain(["flaky".to_owned()])
@@ -207,7 +208,7 @@ async fn a_drained_worker_hands_every_task_over_and_no_run_overlaps_another() {
         .await
         .expect("w1 drained in time");
     assert_eq!(controller.held_by("w1").await.expect("a read"), Vec::new());
-    assert!(w1.tasks().is_empty(), "w1 still holds {:?}", w1.tasks());
+    assert_eq!(w1_live.load(Ordering::SeqCst), 0, "a run alive on w1");
     assert!(w1.is_draining());
     assert!(!w1.is_finished(), "a drained worker stays alive");
     let members = controller.worker_statuses().await.expect("members");
@@ -250,12 +251,16 @@ async fn a_drained_worker_hands_every_task_over_and_no_run_overlaps_another() {
         tasks.len() + 1,
         "one run a task"
     );
-    assert!(w1.tasks().is_empty());
+    assert_eq!(w1_live.load(Ordering::SeqCst), 0);
+    assert!(w1.tasks().is_empty(), "w1 still holds {:?}", w1.tasks());
 
     for worker in [w1, w2, w3] {
         worker.shutdown().await.expect("a clean shutdown");
     }
-    assert_eq!(live.load(Ordering::SeqCst), 0);
+    assert_eq!(
+        live.load(Ordering::SeqCst) + w1_live.load(Ordering::SeqCst),
+        0
+    );
     let history = History::load(&dir).expect("the history reads back");
     let verdict = history.check(Duration::ZERO);
     assert!(verdict.passed(), "the history checker: {verdict}");

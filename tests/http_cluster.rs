@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use axum::http::StatusCode;
 use http_common::{call, Live, Probe};
-use taskstage::cluster::{Controller, MemoryCoordinator, Worker};
+use taskstage::cluster::{Controller, DesiredStage, MemoryCoordinator, Worker};
 use taskstage::http::{Api, Auth};
 use taskstage::Task;
 
@@ -146,4 +146,146 @@ async fn a_cluster_pause_answers_200_only_once_the_owners_run_returned() {
     let (status, answer) = call(&router, "GET", "/v1/health", None, None).await;
     assert_eq!(status, StatusCode::OK, "{answer}");
     worker.shutdown().await.expect("the worker shuts down");
+}
+
+/// `POST /v1/workers/{id}/drain`: admin only, 404 for a worker that is not a member,
+/// and 200 only once the worker holds no task; every task then runs once, on the
+/// other worker, checked from the units.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_over_http_answers_200_once_the_worker_holds_nothing() {
+    let store = MemoryCoordinator::new();
+    // The runs alive on each worker.
+    let lives = [Live::default(), Live::default()];
+    let mut workers = Vec::new();
+    for (id, live) in ["worker-1", "worker-2"].into_iter().zip(&lives) {
+        let for_factory = live.clone();
+        let worker = Worker::builder(store.clone(), "app", id)
+            .ttl(Duration::from_secs(2))
+            .join(move |spec| {
+                Ok(Task::builder(spec.task.as_str()).unit(Probe {
+                    live: for_factory.clone(),
+                    hold: None,
+                }))
+            })
+            .await
+            .expect("the worker joins");
+        workers.push(worker);
+    }
+    let controller = Controller::new(store, "app").expect("a controller");
+    for i in 0..6 {
+        controller
+            .create(&format!("t{i}"), Vec::new(), DesiredStage::Running)
+            .await
+            .expect("created");
+    }
+    for i in 0..6 {
+        controller
+            .resume_within(&format!("t{i}"), Duration::from_secs(10))
+            .await
+            .expect("running");
+    }
+    let all = || lives[0].now() + lives[1].now();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    // Bounded by the deadline: Running is published once a run is launched.
+    while all() != 6 {
+        assert!(tokio::time::Instant::now() < deadline, "{} runs", all());
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert!(lives[0].now() > 0, "worker-1 runs some of the tasks");
+    let router = Api::cluster(controller.clone())
+        .auth(Auth::tokens().admin(ADMIN).read_only(READ))
+        .router();
+
+    let (status, answer) = call(
+        &router,
+        "POST",
+        "/v1/workers/worker-1/drain?wait=10s",
+        Some(READ),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{answer}");
+    assert_eq!(answer["error_code"], "forbidden");
+    for unknown in ["nobody", "a%2Fb"] {
+        let uri = format!("/v1/workers/{unknown}/drain?wait=1s");
+        let (status, answer) = call(&router, "POST", &uri, Some(ADMIN), None).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{answer}");
+        assert_eq!(answer["error_code"], "unknown_worker", "{answer}");
+        assert_eq!(answer["command"], "drain", "{answer}");
+    }
+    let (status, answer) = call(
+        &router,
+        "POST",
+        "/v1/workers/worker-1/drain?wait=bogus",
+        Some(ADMIN),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+    let statuses = controller.worker_statuses().await.expect("members");
+    assert!(statuses.iter().all(|w| !w.draining), "nothing was written");
+
+    let (status, answer) = call(
+        &router,
+        "POST",
+        "/v1/workers/worker-1/drain?wait=30s",
+        Some(ADMIN),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(answer["tasks"], 0, "{answer}");
+    // The 200 is true: no run is alive on the worker, it holds no owner key.
+    assert_eq!(
+        lives[0].now(),
+        0,
+        "a 200 with a run alive on the drained worker"
+    );
+    assert_eq!(
+        controller.held_by("worker-1").await.expect("a read"),
+        Vec::new()
+    );
+    assert!(workers[0].is_draining());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    // Bounded by the deadline: the answers of the new owner, then its runs.
+    for i in 0..6 {
+        let task = format!("t{i}");
+        let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let running = controller
+            .resume_within(&task, remaining)
+            .await
+            .expect("the new owner runs it");
+        assert_eq!(running.owner.as_str(), "worker-2");
+    }
+    lives[1].reaches(6).await;
+    assert_eq!(lives[0].now(), 0);
+    assert!(workers[0].tasks().is_empty(), "{:?}", workers[0].tasks());
+
+    let (status, listed) = call(&router, "GET", "/v1/workers", Some(READ), None).await;
+    assert_eq!(status, StatusCode::OK, "{listed}");
+    let shown: Vec<(String, bool)> = listed["items"]
+        .as_array()
+        .map(|items| {
+            items
+                .iter()
+                .map(|w| {
+                    (
+                        w["id"].as_str().unwrap_or_default().to_owned(),
+                        w["draining"].as_bool().unwrap_or_default(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    assert_eq!(
+        shown,
+        [
+            ("worker-1".to_owned(), true),
+            ("worker-2".to_owned(), false)
+        ],
+        "{listed}"
+    );
+    for worker in workers {
+        worker.shutdown().await.expect("the worker shuts down");
+    }
 }
