@@ -60,6 +60,7 @@ mod auth;
 mod cluster;
 mod error;
 mod hub;
+mod listing;
 mod local;
 mod page;
 mod routes;
@@ -169,8 +170,9 @@ pub(crate) enum Reached {
 pub(crate) trait Source: Send + Sync + 'static {
     /// `"local"` or `"cluster"`.
     fn kind(&self) -> &'static str;
-    /// Every task, in the source's order.
-    fn list(&self) -> BoxFuture<'_, Result<Vec<Item>, ApiError>>;
+    /// Every task, in the source's order, with its JSON text: a listing shared by
+    /// every request until the source's state moves.
+    fn listing(&self) -> BoxFuture<'_, Result<Arc<listing::Listing>, ApiError>>;
     /// One task with its detail.
     fn detail<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Value, ApiError>>;
     /// Whether a task of this id exists now.
