@@ -254,7 +254,14 @@ async fn a_drained_worker_hands_every_task_over_and_no_run_overlaps_another() {
     assert_eq!(w1_live.load(Ordering::SeqCst), 0);
     assert!(w1.tasks().is_empty(), "w1 still holds {:?}", w1.tasks());
 
-    for worker in [w1, w2, w3] {
+    // The drain lives under w1's lease: once w1 ends without a word (a crash),
+    // its membership ends with its lease, drained or not.
+    w1.crash().await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let members = controller.worker_statuses().await.expect("members");
+    let ids: Vec<&str> = members.iter().map(|m| m.worker.as_str()).collect();
+    assert_eq!(ids, ["w2", "w3"], "a drain outlived its worker's lease");
+    for worker in [w2, w3] {
         worker.shutdown().await.expect("a clean shutdown");
     }
     assert_eq!(
