@@ -2162,7 +2162,7 @@ EOF
 m209() {
   WHERE="http/cluster.rs: apply"
   MUTANT="a cluster's listing keeps the old text of a task that changed"
-  SUITE="--all-features --test http_cluster a_cluster_pause"
+  SUITE="--all-features --test http_cluster a_change_on_the_stream"
   edit src/http/cluster.rs <<'EOF'
         if before == Some(&item) {
 @@@@

@@ -184,14 +184,32 @@ async fn a_drain_over_http_answers_200_once_the_worker_holds_nothing() {
             .await
             .expect("running");
     }
-    let all = || lives[0].now() + lives[1].now();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    // Bounded by the deadline: Running is published once a run is launched.
-    while all() != 6 {
-        assert!(tokio::time::Instant::now() < deadline, "{} runs", all());
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-    assert!(lives[0].now() > 0, "worker-1 runs some of the tasks");
+    // The fair shares move some tasks to worker-1 if worker-2 took them all first:
+    // wait on the store until each worker runs its share.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let on_first = loop {
+        let list = controller.list().await.expect("the store answers");
+        let running = |s: &taskstage::cluster::TaskStatus| {
+            s.current_observed()
+                .is_some_and(|o| o.stage == taskstage::Stage::Running)
+        };
+        let on_first = list
+            .iter()
+            .filter(|s| s.owner.as_ref().is_some_and(|w| w.as_str() == "worker-1"))
+            .count();
+        if list.iter().all(running) && on_first > 0 {
+            break on_first;
+        }
+        let now = tokio::time::Instant::now();
+        assert!(now < deadline, "the shares never settled: {list:#?}");
+        let revision = list.iter().map(|s| s.revision).max().unwrap_or(0);
+        controller
+            .wait_tasks_change(revision, deadline - now)
+            .await
+            .expect("the store answers");
+    };
+    lives[0].reaches(on_first).await;
+    lives[1].reaches(6 - on_first).await;
     let router = Api::cluster(controller.clone())
         .auth(Auth::tokens().admin(ADMIN).read_only(READ))
         .router();
@@ -288,4 +306,75 @@ async fn a_drain_over_http_answers_200_once_the_worker_holds_nothing() {
     for worker in workers {
         worker.shutdown().await.expect("the worker shuts down");
     }
+}
+
+/// A cluster's list is its watched copy of the store, rebuilt once per change: a
+/// change the API has observed (its event is on the stream) is in the next listing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_on_the_stream_is_in_the_next_listing() {
+    let store = MemoryCoordinator::new();
+    let live = Live::default();
+    let for_factory = live.clone();
+    let worker = Worker::builder(store.clone(), "app", "worker-1")
+        .ttl(Duration::from_secs(2))
+        .join(move |spec| {
+            Ok(Task::builder(spec.task.as_str()).unit(Probe {
+                live: for_factory.clone(),
+                hold: None,
+            }))
+        })
+        .await
+        .expect("the worker joins");
+    let controller = Controller::new(store, "app").expect("a controller");
+    // Within the worker's capacity (16).
+    let names: Vec<String> = (0..10).map(|i| format!("t{i:02}")).collect();
+    for name in &names {
+        controller
+            .create(name, Vec::new(), DesiredStage::Running)
+            .await
+            .expect("created");
+    }
+    let router = Api::cluster(controller.clone())
+        .auth(Auth::tokens().admin(ADMIN).read_only(READ))
+        .router();
+    let mut stream = http_common::SseReader::open(&router, "/v1/events", READ, None).await;
+    let rounds = names.iter().flat_map(|name| [(name, true), (name, false)]);
+    for (round, (name, pause)) in rounds.enumerate() {
+        // The stage the owner answered (a task paused before its first run answers
+        // New), and the desired stage.
+        let (answer, desired) = if pause {
+            let answer = controller.pause_within(name, Duration::from_secs(10)).await;
+            (answer.expect("paused"), "Paused")
+        } else {
+            let answer = controller
+                .resume_within(name, Duration::from_secs(10))
+                .await;
+            (answer.expect("running"), "Running")
+        };
+        let want = answer.stage.name();
+        // Bounded: every read waits at most 10 s, and the stream carries each change.
+        loop {
+            let event = stream
+                .next(Duration::from_secs(10))
+                .await
+                .unwrap_or_else(|| panic!("round {round}: {name} {want} never on the stream"));
+            let item = &event.data["item"];
+            if event.data["task"] == name.as_str()
+                && item["stage"] == want
+                && item["desired"] == desired
+            {
+                break;
+            }
+        }
+        let (status, list) = call(&router, "GET", "/v1/tasks", Some(READ), None).await;
+        assert_eq!(status, StatusCode::OK, "{list}");
+        let item = list["items"]
+            .as_array()
+            .and_then(|items| items.iter().find(|i| i["id"] == name.as_str()))
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(item["stage"], want, "round {round}: {list}");
+        assert_eq!(item["desired"], desired, "round {round}: {list}");
+    }
+    worker.shutdown().await.expect("the worker shuts down");
 }
