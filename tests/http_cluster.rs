@@ -14,12 +14,10 @@ use taskstage::Task;
 const ADMIN: &str = "admin-token";
 const READ: &str = "read-token";
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cluster_pause_answers_200_only_once_the_owners_run_returned() {
-    let store = MemoryCoordinator::new();
-    let live = Live::default();
+/// Worker `id` under prefix `app`, its runs counted in `live`.
+async fn join(store: &MemoryCoordinator, id: &str, live: &Live) -> Worker {
     let for_factory = live.clone();
-    let worker = Worker::builder(store.clone(), "app", "worker-1")
+    Worker::builder(store.clone(), "app", id)
         .ttl(Duration::from_secs(2))
         .join(move |spec| {
             Ok(Task::builder(spec.task.as_str()).unit(Probe {
@@ -28,7 +26,14 @@ async fn a_cluster_pause_answers_200_only_once_the_owners_run_returned() {
             }))
         })
         .await
-        .expect("the worker joins");
+        .expect("the worker joins")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_pause_answers_200_only_once_the_owners_run_returned() {
+    let store = MemoryCoordinator::new();
+    let live = Live::default();
+    let worker = join(&store, "worker-1", &live).await;
     let controller = Controller::new(store, "app").expect("a controller");
     let router = Api::cluster(controller)
         .auth(Auth::tokens().admin(ADMIN).read_only(READ))
@@ -158,18 +163,7 @@ async fn a_drain_over_http_answers_200_once_the_worker_holds_nothing() {
     let lives = [Live::default(), Live::default()];
     let mut workers = Vec::new();
     for (id, live) in ["worker-1", "worker-2"].into_iter().zip(&lives) {
-        let for_factory = live.clone();
-        let worker = Worker::builder(store.clone(), "app", id)
-            .ttl(Duration::from_secs(2))
-            .join(move |spec| {
-                Ok(Task::builder(spec.task.as_str()).unit(Probe {
-                    live: for_factory.clone(),
-                    hold: None,
-                }))
-            })
-            .await
-            .expect("the worker joins");
-        workers.push(worker);
+        workers.push(join(&store, id, live).await);
     }
     let controller = Controller::new(store, "app").expect("a controller");
     for i in 0..6 {
@@ -314,17 +308,7 @@ async fn a_drain_over_http_answers_200_once_the_worker_holds_nothing() {
 async fn a_change_on_the_stream_is_in_the_next_listing() {
     let store = MemoryCoordinator::new();
     let live = Live::default();
-    let for_factory = live.clone();
-    let worker = Worker::builder(store.clone(), "app", "worker-1")
-        .ttl(Duration::from_secs(2))
-        .join(move |spec| {
-            Ok(Task::builder(spec.task.as_str()).unit(Probe {
-                live: for_factory.clone(),
-                hold: None,
-            }))
-        })
-        .await
-        .expect("the worker joins");
+    let worker = join(&store, "worker-1", &live).await;
     let controller = Controller::new(store, "app").expect("a controller");
     // Within the worker's capacity (16).
     let names: Vec<String> = (0..10).map(|i| format!("t{i:02}")).collect();
