@@ -2069,6 +2069,113 @@ m220() {
 @@@@
         rounds += 1;
         break;
+m200() {
+  WHERE="cluster/worker/view.rs: View::members"
+  MUTANT="a drained member still counts in the fair shares: the other workers leave its share of the tasks unclaimed"
+  SUITE="--all-features --test cluster_drain"
+  edit src/cluster/worker/view.rs <<'EOF'
+            .filter(|(_, e)| e.kv.as_ref().is_some_and(|kv| !is_draining(&kv.value)))
+@@@@
+            .filter(|(_, e)| e.kv.is_some())
+EOF
+}
+
+m201() {
+  WHERE="cluster/decide.rs: decide"
+  MUTANT="a draining worker with room claims a task (decide, invariant 7)"
+  SUITE="--all-features --lib cluster::decide"
+  edit src/cluster/decide.rs <<'EOF'
+            Ownership::Unowned if view.capacity_left && !view.settled && !view.draining => {
+@@@@
+            Ownership::Unowned if view.capacity_left && !view.settled => {
+EOF
+}
+
+m202() {
+  WHERE="cluster/decide.rs: decide"
+  MUTANT="a drain keeps a task whose run failed: the drained worker never holds nothing"
+  SUITE="--all-features --test cluster_drain"
+  edit src/cluster/decide.rs <<'EOF'
+        && (!local.failed || view.draining);
+@@@@
+        && !local.failed;
+EOF
+}
+
+m203() {
+  WHERE="cluster/worker/reconcile.rs: Reconciler::step"
+  MUTANT="the reconcile loop does not tell decide that the worker is draining: only the fair-share hand-over runs"
+  SUITE="--all-features --test cluster_drain"
+  edit src/cluster/worker/reconcile.rs <<'EOF'
+            draining: self.draining,
+@@@@
+            draining: false,
+EOF
+}
+
+m204() {
+  WHERE="cluster/controller.rs: Controller::drain"
+  MUTANT="the drain is written under no lease: the membership key outlives its worker"
+  SUITE="--all-features --test cluster_drain"
+  edit src/cluster/controller.rs "value: DRAINING.to_vec()," <<'EOF'
+                        lease: Some(lease),
+@@@@
+                        lease: None,
+EOF
+}
+
+m205() {
+  WHERE="cluster/controller.rs: Controller::drain_within"
+  MUTANT="a drain answers at once, while the worker still holds tasks and runs them"
+  SUITE="--all-features --test http_cluster a_drain_over_http"
+  edit src/cluster/controller.rs <<'EOF'
+            if held.is_empty() {
+@@@@
+            if held.len() < usize::MAX {
+EOF
+}
+
+m206() {
+  WHERE="http/cluster.rs: workers"
+  MUTANT="GET /v1/workers shows no worker as draining"
+  SUITE="--all-features --test http_cluster a_drain_over_http"
+  edit src/http/cluster.rs <<'EOF'
+                        "draining": w.draining,
+@@@@
+                        "draining": false,
+EOF
+}
+
+m207() {
+  WHERE="http/local.rs: LocalTasks::fresh"
+  MUTANT="the cached listing is checked against the change counter only: a progress report is not in the next listing"
+  SUITE="--features http --test http_api a_change_is_in_the_next_listing"
+  edit src/http/local.rs <<'EOF'
+                .all(|(entry, key)| key_of(entry) == *key);
+@@@@
+                .all(|(entry, key)| key_of(entry).0 == key.0);
+EOF
+}
+
+m208() {
+  WHERE="http/local.rs: LocalTasks::fresh"
+  MUTANT="the cached listing ignores the change counter: a stage a command returned is served stale until its event reaches the API"
+  SUITE="--features http --test http_api a_change_is_in_the_next_listing"
+  edit src/http/local.rs <<'EOF'
+                .all(|(entry, key)| key_of(entry) == *key);
+@@@@
+                .all(|(entry, key)| (key_of(entry).1, key_of(entry).2) == (key.1, key.2));
+EOF
+}
+
+m209() {
+  WHERE="http/cluster.rs: apply"
+  MUTANT="a cluster's listing keeps the old text of a task that changed"
+  SUITE="--all-features --test http_cluster a_change_on_the_stream"
+  edit src/http/cluster.rs <<'EOF'
+        if before == Some(&item) {
+@@@@
+        if before.is_some() {
 EOF
 }
 

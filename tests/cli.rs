@@ -809,3 +809,83 @@ fn completions_and_help_need_no_cluster() {
         );
     }
 }
+
+/// `taskstage drain`: bad input is refused on one line and writes nothing; a drain of
+/// a member returns once it holds no task (every owner key of it released, each only
+/// after its run returned), and the other worker runs every task.
+#[test]
+fn drain_returns_once_the_worker_holds_no_task_and_the_other_runs_them() {
+    let Some(setup) = Setup::start(&["w1", "w2"]) else {
+        return;
+    };
+    let writer = setup.spec("writer.spec", "writer\n");
+    let tasks = ["d1", "d2", "d3", "d4"];
+    for task in tasks {
+        let ran = setup.taskstage(&["create", task, "--spec-file", &writer]);
+        assert_eq!(ran.code, 0, "{ran:?}");
+    }
+    let mut args = vec!["resume"];
+    args.extend(tasks);
+    args.extend(["--timeout", "20s"]);
+    assert_eq!(setup.taskstage(&args).code, 0);
+    // The fair shares give each worker two.
+    setup.eventually("each worker holds two tasks", || {
+        let held = setup
+            .runtime
+            .block_on(setup.controller.held_by("w1"))
+            .ok()?;
+        (held.len() == 2).then_some(())
+    });
+
+    assert_error(
+        &setup.taskstage(&["drain", "nobody"]),
+        2,
+        &["drain", "worker nobody is not a member", PREFIX],
+    );
+    assert_error(
+        &setup.taskstage(&["drain", "a/b"]),
+        2,
+        &["drain", "invalid worker id"],
+    );
+    let members = setup
+        .runtime
+        .block_on(setup.controller.worker_statuses())
+        .expect("the members");
+    assert!(members.iter().all(|m| !m.draining), "{members:?}");
+
+    let ran = setup.taskstage(&["drain", "w1", "--output", "json", "--timeout", "30s"]);
+    assert_eq!(ran.code, 0, "{ran:?}");
+    assert_eq!(ran.json()["worker"], "w1");
+    assert_eq!(ran.json()["tasks"], 0);
+    // True when it returned: no owner key of w1 is left.
+    let held = setup
+        .runtime
+        .block_on(setup.controller.held_by("w1"))
+        .expect("a read");
+    assert_eq!(held, Vec::new());
+    let ran = setup.taskstage(&["drain", "w1"]);
+    assert_eq!(ran.code, 0, "{ran:?}");
+    assert_eq!(ran.stdout, "WORKER  DRAINING  TASKS\nw1      yes       0\n");
+
+    // w2 takes every task over and runs it (its writes go on); w1 claims nothing.
+    setup.eventually("w2 runs every task", || {
+        tasks
+            .iter()
+            .all(|task| {
+                let status = setup.status(task);
+                status.current_observed().is_some_and(|o| {
+                    o.stage == taskstage::Stage::Running && o.owner.as_str() == "w2"
+                })
+            })
+            .then_some(())
+    });
+    for task in tasks {
+        let at = setup.written_at(task, "pos");
+        setup.writes_after(task, at, 2);
+    }
+    let held = setup
+        .runtime
+        .block_on(setup.controller.held_by("w1"))
+        .expect("a read");
+    assert_eq!(held, Vec::new(), "w1 claimed again");
+}

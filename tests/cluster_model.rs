@@ -532,6 +532,7 @@ impl Cfg {
                         stage == DesiredStage::Running && wk.rest_sent == Some(rev)
                     })),
             yielded: wk.yielded,
+            draining: false,
         }
     }
 

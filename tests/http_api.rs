@@ -675,3 +675,96 @@ proptest! {
         })?;
     }
 }
+
+/// A unit that reports the progress it is told to, then waits to be cancelled.
+struct Reporter(tokio::sync::watch::Receiver<u64>);
+
+impl taskstage::Unit for Reporter {
+    async fn run(
+        &mut self,
+        ctx: taskstage::RunContext,
+    ) -> Result<taskstage::RunExit, taskstage::RunError> {
+        // Ends when cancelled; each told value is reported once.
+        loop {
+            let done = *self.0.borrow_and_update();
+            ctx.report_progress(done, Some(100));
+            tokio::select! {
+                () = ctx.cancelled() => return Ok(taskstage::RunExit::Cancelled),
+                changed = self.0.changed() => {
+                    if changed.is_err() {
+                        ctx.cancelled().await;
+                        return Ok(taskstage::RunExit::Cancelled);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The item of task `name` in a fresh `GET /v1/tasks`.
+async fn listed(router: &Router, name: &str) -> Value {
+    let (status, list) = call(router, "GET", "/v1/tasks?limit=10000", Some(READ), None).await;
+    assert_eq!(status, StatusCode::OK, "{list}");
+    list["items"]
+        .as_array()
+        .and_then(|items| items.iter().find(|i| i["id"] == name))
+        .cloned()
+        .unwrap_or_else(|| panic!("{name} not listed: {list}"))
+}
+
+/// The list is served from a listing built once per change, and is as true as a
+/// read of every task: a stage a command returned, and a progress a unit reported,
+/// are in the next listing once they are observed, however many listings were
+/// served before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_is_in_the_next_listing_once_observed() {
+    let names: Vec<String> = (0..200).map(|i| format!("t{i:03}")).collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let (f, _lives, _hold) = fixture(&refs, &[], None).await;
+    let (tell, told) = tokio::sync::watch::channel(0u64);
+    let reporter = Task::builder("reporter")
+        .unit(Reporter(told))
+        .spawn()
+        .expect("spawned");
+    reporter
+        .wait_for(|s| s.stage == Stage::Running && s.progress.done == 0)
+        .await;
+    f.tasks.add(&reporter);
+
+    for round in 0..20usize {
+        let name = &names[round * 7 % names.len()];
+        let task = handle(&f, name);
+        assert_eq!(listed(&f.router, name).await["stage"], "Running");
+        // Through the handle: the listing served before must not be served again.
+        assert_eq!(task.pause().await, Ok(Stage::Paused));
+        assert_eq!(
+            listed(&f.router, name).await["stage"],
+            "Paused",
+            "round {round}"
+        );
+        // Through the API: its 200 and the next listing agree.
+        let uri = format!("/v1/tasks/{name}/resume?wait=10s");
+        let (status, answer) = call(&f.router, "POST", &uri, Some(ADMIN), None).await;
+        assert_eq!(status, StatusCode::OK, "{answer}");
+        assert_eq!(answer["stage"], "Running");
+        assert_eq!(
+            listed(&f.router, name).await["stage"],
+            "Running",
+            "round {round}"
+        );
+
+        // A progress report moves no stage and no change counter.
+        let done = round as u64 + 1;
+        tell.send_replace(done);
+        tokio::time::timeout(WITHIN, reporter.wait_for(|s| s.progress.done == done))
+            .await
+            .expect("the unit reports");
+        let item = listed(&f.router, "reporter").await;
+        assert_eq!(item["progress"]["done"], done, "round {round}: {item}");
+    }
+    assert_eq!(
+        reporter.stop_within(WITHIN).await,
+        Ok(Stage::Stopped),
+        "the reporter stops"
+    );
+}

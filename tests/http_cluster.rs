@@ -7,19 +7,17 @@ use std::time::Duration;
 
 use axum::http::StatusCode;
 use http_common::{call, Live, Probe};
-use taskstage::cluster::{Controller, MemoryCoordinator, Worker};
+use taskstage::cluster::{Controller, DesiredStage, MemoryCoordinator, Worker};
 use taskstage::http::{Api, Auth};
 use taskstage::Task;
 
 const ADMIN: &str = "admin-token";
 const READ: &str = "read-token";
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cluster_pause_answers_200_only_once_the_owners_run_returned() {
-    let store = MemoryCoordinator::new();
-    let live = Live::default();
+/// Worker `id` under prefix `app`, its runs counted in `live`.
+async fn join(store: &MemoryCoordinator, id: &str, live: &Live) -> Worker {
     let for_factory = live.clone();
-    let worker = Worker::builder(store.clone(), "app", "worker-1")
+    Worker::builder(store.clone(), "app", id)
         .ttl(Duration::from_secs(2))
         .join(move |spec| {
             Ok(Task::builder(spec.task.as_str()).unit(Probe {
@@ -28,7 +26,14 @@ async fn a_cluster_pause_answers_200_only_once_the_owners_run_returned() {
             }))
         })
         .await
-        .expect("the worker joins");
+        .expect("the worker joins")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_pause_answers_200_only_once_the_owners_run_returned() {
+    let store = MemoryCoordinator::new();
+    let live = Live::default();
+    let worker = join(&store, "worker-1", &live).await;
     let controller = Controller::new(store, "app").expect("a controller");
     let router = Api::cluster(controller)
         .auth(Auth::tokens().admin(ADMIN).read_only(READ))
@@ -145,5 +150,215 @@ async fn a_cluster_pause_answers_200_only_once_the_owners_run_returned() {
     assert_eq!(status, StatusCode::NOT_FOUND, "{answer}");
     let (status, answer) = call(&router, "GET", "/v1/health", None, None).await;
     assert_eq!(status, StatusCode::OK, "{answer}");
+    worker.shutdown().await.expect("the worker shuts down");
+}
+
+/// `POST /v1/workers/{id}/drain`: admin only, 404 for a worker that is not a member,
+/// and 200 only once the worker holds no task; every task then runs once, on the
+/// other worker, checked from the units.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_over_http_answers_200_once_the_worker_holds_nothing() {
+    let store = MemoryCoordinator::new();
+    // The runs alive on each worker.
+    let lives = [Live::default(), Live::default()];
+    let mut workers = Vec::new();
+    for (id, live) in ["worker-1", "worker-2"].into_iter().zip(&lives) {
+        workers.push(join(&store, id, live).await);
+    }
+    let controller = Controller::new(store, "app").expect("a controller");
+    for i in 0..6 {
+        controller
+            .create(&format!("t{i}"), Vec::new(), DesiredStage::Running)
+            .await
+            .expect("created");
+    }
+    for i in 0..6 {
+        controller
+            .resume_within(&format!("t{i}"), Duration::from_secs(10))
+            .await
+            .expect("running");
+    }
+    // The fair shares move some tasks to worker-1 if worker-2 took them all first:
+    // wait on the store until each worker runs its share.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let on_first = loop {
+        let list = controller.list().await.expect("the store answers");
+        let running = |s: &taskstage::cluster::TaskStatus| {
+            s.current_observed()
+                .is_some_and(|o| o.stage == taskstage::Stage::Running)
+        };
+        let on_first = list
+            .iter()
+            .filter(|s| s.owner.as_ref().is_some_and(|w| w.as_str() == "worker-1"))
+            .count();
+        if list.iter().all(running) && on_first > 0 {
+            break on_first;
+        }
+        let now = tokio::time::Instant::now();
+        assert!(now < deadline, "the shares never settled: {list:#?}");
+        let revision = list.iter().map(|s| s.revision).max().unwrap_or(0);
+        controller
+            .wait_tasks_change(revision, deadline - now)
+            .await
+            .expect("the store answers");
+    };
+    lives[0].reaches(on_first).await;
+    lives[1].reaches(6 - on_first).await;
+    let router = Api::cluster(controller.clone())
+        .auth(Auth::tokens().admin(ADMIN).read_only(READ))
+        .router();
+
+    let (status, answer) = call(
+        &router,
+        "POST",
+        "/v1/workers/worker-1/drain?wait=10s",
+        Some(READ),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{answer}");
+    assert_eq!(answer["error_code"], "forbidden");
+    for unknown in ["nobody", "a%2Fb"] {
+        let uri = format!("/v1/workers/{unknown}/drain?wait=1s");
+        let (status, answer) = call(&router, "POST", &uri, Some(ADMIN), None).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{answer}");
+        assert_eq!(answer["error_code"], "unknown_worker", "{answer}");
+        assert_eq!(answer["command"], "drain", "{answer}");
+    }
+    let (status, answer) = call(
+        &router,
+        "POST",
+        "/v1/workers/worker-1/drain?wait=bogus",
+        Some(ADMIN),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+    let statuses = controller.worker_statuses().await.expect("members");
+    assert!(statuses.iter().all(|w| !w.draining), "nothing was written");
+
+    let (status, answer) = call(
+        &router,
+        "POST",
+        "/v1/workers/worker-1/drain?wait=30s",
+        Some(ADMIN),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(answer["tasks"], 0, "{answer}");
+    // The 200 is true: no run is alive on the worker, it holds no owner key.
+    assert_eq!(
+        lives[0].now(),
+        0,
+        "a 200 with a run alive on the drained worker"
+    );
+    assert_eq!(
+        controller.held_by("worker-1").await.expect("a read"),
+        Vec::new()
+    );
+    assert!(workers[0].is_draining());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    // Bounded by the deadline: the answers of the new owner, then its runs.
+    for i in 0..6 {
+        let task = format!("t{i}");
+        let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let running = controller
+            .resume_within(&task, remaining)
+            .await
+            .expect("the new owner runs it");
+        assert_eq!(running.owner.as_str(), "worker-2");
+    }
+    lives[1].reaches(6).await;
+    assert_eq!(lives[0].now(), 0);
+    assert!(workers[0].tasks().is_empty(), "{:?}", workers[0].tasks());
+
+    let (status, listed) = call(&router, "GET", "/v1/workers", Some(READ), None).await;
+    assert_eq!(status, StatusCode::OK, "{listed}");
+    let shown: Vec<(String, bool)> = listed["items"]
+        .as_array()
+        .map(|items| {
+            items
+                .iter()
+                .map(|w| {
+                    (
+                        w["id"].as_str().unwrap_or_default().to_owned(),
+                        w["draining"].as_bool().unwrap_or_default(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    assert_eq!(
+        shown,
+        [
+            ("worker-1".to_owned(), true),
+            ("worker-2".to_owned(), false)
+        ],
+        "{listed}"
+    );
+    for worker in workers {
+        worker.shutdown().await.expect("the worker shuts down");
+    }
+}
+
+/// A cluster's list is its watched copy of the store, rebuilt once per change: a
+/// change the API has observed (its event is on the stream) is in the next listing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_on_the_stream_is_in_the_next_listing() {
+    let store = MemoryCoordinator::new();
+    let live = Live::default();
+    let worker = join(&store, "worker-1", &live).await;
+    let controller = Controller::new(store, "app").expect("a controller");
+    // Within the worker's capacity (16).
+    let names: Vec<String> = (0..10).map(|i| format!("t{i:02}")).collect();
+    for name in &names {
+        controller
+            .create(name, Vec::new(), DesiredStage::Running)
+            .await
+            .expect("created");
+    }
+    let router = Api::cluster(controller.clone())
+        .auth(Auth::tokens().admin(ADMIN).read_only(READ))
+        .router();
+    let mut stream = http_common::SseReader::open(&router, "/v1/events", READ, None).await;
+    let rounds = names.iter().flat_map(|name| [(name, true), (name, false)]);
+    for (round, (name, pause)) in rounds.enumerate() {
+        // The stage the owner answered (a task paused before its first run answers
+        // New), and the desired stage.
+        let (answer, desired) = if pause {
+            let answer = controller.pause_within(name, Duration::from_secs(10)).await;
+            (answer.expect("paused"), "Paused")
+        } else {
+            let answer = controller
+                .resume_within(name, Duration::from_secs(10))
+                .await;
+            (answer.expect("running"), "Running")
+        };
+        let want = answer.stage.name();
+        // Bounded: every read waits at most 10 s, and the stream carries each change.
+        loop {
+            let event = stream
+                .next(Duration::from_secs(10))
+                .await
+                .unwrap_or_else(|| panic!("round {round}: {name} {want} never on the stream"));
+            let item = &event.data["item"];
+            if event.data["task"] == name.as_str()
+                && item["stage"] == want
+                && item["desired"] == desired
+            {
+                break;
+            }
+        }
+        let (status, list) = call(&router, "GET", "/v1/tasks", Some(READ), None).await;
+        assert_eq!(status, StatusCode::OK, "{list}");
+        let item = list["items"]
+            .as_array()
+            .and_then(|items| items.iter().find(|i| i["id"] == name.as_str()))
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(item["stage"], want, "round {round}: {list}");
+        assert_eq!(item["desired"], desired, "round {round}: {list}");
+    }
     worker.shutdown().await.expect("the worker shuts down");
 }

@@ -12,7 +12,10 @@ use super::coord::{
 use super::error::ClusterError;
 use super::fence::within;
 use super::history::{Checked, History};
-use super::keys::{parse_owner_value, DesiredStage, Keys, ObservedStatus, TaskId, WorkerId};
+use super::keys::{
+    is_draining, parse_owner_value, DesiredStage, Keys, ObservedStatus, TaskId, TaskKey, WorkerId,
+    DRAINING,
+};
 
 /// How long [`Controller::pause`], [`Controller::resume`] and [`Controller::stop`]
 /// wait for the owner's answer, unless told otherwise.
@@ -67,6 +70,19 @@ impl TaskStatus {
                     && self.desired.answered_by(o.stage, o.outcome.is_failed())
             })
     }
+}
+
+/// A worker that is a member now, as [`Controller::worker_statuses`] lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerStatus {
+    /// The worker.
+    pub worker: WorkerId,
+    /// The leases of its live incarnations (usually one; two while a frozen
+    /// incarnation past its lease and a fresh start under the same id overlap).
+    pub leases: Vec<i64>,
+    /// Whether it was drained ([`Controller::drain`]): every live incarnation hands
+    /// its tasks over and claims none.
+    pub draining: bool,
 }
 
 /// A checkpoint of a task, as [`Controller::checkpoints`] lists it.
@@ -746,6 +762,186 @@ impl Controller {
             .filter_map(|kv| Some(self.keys.parse_worker_key(&kv.key)?.0))
             .collect();
         Ok(ids.into_iter().collect())
+    }
+
+    /// Every worker that is a member now, each id once, in order, with its leases
+    /// and whether it is draining.
+    ///
+    /// # Errors
+    ///
+    /// [`ClusterError::Unreachable`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    pub async fn worker_statuses(&self) -> Result<Vec<WorkerStatus>, ClusterError> {
+        let listing = within(
+            self.op_timeout,
+            "list workers",
+            self.coord.list(self.keys.workers()),
+        )
+        .await?;
+        let mut by_id: std::collections::BTreeMap<WorkerId, WorkerStatus> = Default::default();
+        for kv in &listing.kvs {
+            let Some((worker, lease)) = self.keys.parse_worker_key(&kv.key) else {
+                continue;
+            };
+            let status = by_id.entry(worker.clone()).or_insert(WorkerStatus {
+                worker,
+                leases: Vec::new(),
+                draining: true,
+            });
+            status.leases.push(lease);
+            // Draining only if every live incarnation is.
+            status.draining &= is_draining(&kv.value);
+        }
+        Ok(by_id.into_values().collect())
+    }
+
+    /// Drains `worker`: every live incarnation of it stops claiming, leaves the fair
+    /// shares, and hands every task it holds over to its peers through the
+    /// hand-over path (each run is paused and has returned before its owner key is
+    /// released, so no run of a task overlaps another), while it stays alive. Returns
+    /// once the drain is written, without waiting: [`Controller::drain_within`]
+    /// waits for the worker to hold nothing.
+    ///
+    /// The drain is written into the worker's membership key, under the worker's own
+    /// lease: it lasts as long as that incarnation, and a restarted worker (a new
+    /// lease) claims again. Draining a worker already draining changes nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`ClusterError::InvalidWorkerId`] and [`ClusterError::NoSuchWorker`] (nothing
+    /// written), [`ClusterError::Unreachable`].
+    ///
+    /// # Cancel safety
+    ///
+    /// A dropped call may still be applied.
+    pub async fn drain(&self, worker: &str) -> Result<(), ClusterError> {
+        let worker = WorkerId::new(worker)?;
+        // Bounded: each turn either writes every incarnation, or meets one that
+        // changed since it was read (its lease ended, or another controller drained
+        // it); three turns are more than a race needs.
+        for _ in 0..3 {
+            let listing = within(
+                self.op_timeout,
+                "list workers",
+                self.coord.list(self.keys.workers()),
+            )
+            .await?;
+            let mine: Vec<_> = listing
+                .kvs
+                .iter()
+                .filter_map(|kv| {
+                    let (id, lease) = self.keys.parse_worker_key(&kv.key)?;
+                    (id == worker).then_some((kv, lease))
+                })
+                .collect();
+            if mine.is_empty() {
+                return Err(ClusterError::NoSuchWorker {
+                    command: "drain",
+                    worker,
+                });
+            }
+            let mut raced = false;
+            for (kv, lease) in mine {
+                if is_draining(&kv.value) {
+                    continue;
+                }
+                // Compared with the write just read, and under the member's own
+                // lease: a key whose lease ended meanwhile is not brought back.
+                let txn = Txn {
+                    when: vec![Compare::ModRevision(kv.key.clone(), kv.mod_revision)],
+                    then: vec![Op::Put {
+                        key: kv.key.clone(),
+                        value: DRAINING.to_vec(),
+                        lease: Some(lease),
+                    }],
+                };
+                let result = within(self.op_timeout, "drain worker", self.coord.txn(txn)).await?;
+                raced |= !result.succeeded;
+            }
+            if !raced {
+                return Ok(());
+            }
+        }
+        Err(ClusterError::Store {
+            op: "drain worker",
+            detail: format!("the membership of worker {worker} changed under every attempt"),
+        })
+    }
+
+    /// Drains `worker` (see [`Controller::drain`]) and waits until no task is held
+    /// by it any more: every one of its owner keys was released, each only after its
+    /// run had returned and that was published. Returns at once when it holds
+    /// nothing.
+    ///
+    /// # Errors
+    ///
+    /// As [`Controller::drain`], and [`ClusterError::DrainTimeout`] with the count
+    /// still held when `timeout` passed first (the drain stays written).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future after the drain is written leaves it written.
+    pub async fn drain_within(&self, worker: &str, timeout: Duration) -> Result<(), ClusterError> {
+        let started = Instant::now();
+        let deadline = started + timeout;
+        self.drain(worker).await?;
+        let worker = WorkerId::new(worker)?;
+        // Bounded by the deadline: every turn waits at most until it.
+        loop {
+            let (held, revision) = self.held(&worker).await?;
+            if held.is_empty() {
+                return Ok(());
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(ClusterError::DrainTimeout {
+                    worker,
+                    held: held.len(),
+                    waited: now - started,
+                });
+            }
+            self.coord
+                .wait_change(self.keys.tasks(), revision, self.poll.min(deadline - now))
+                .await?;
+        }
+    }
+
+    /// The tasks `worker` (any incarnation of it) holds now: those whose owner key
+    /// is its, sorted.
+    ///
+    /// # Errors
+    ///
+    /// [`ClusterError::InvalidWorkerId`], [`ClusterError::Unreachable`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    pub async fn held_by(&self, worker: &str) -> Result<Vec<TaskId>, ClusterError> {
+        let worker = WorkerId::new(worker)?;
+        Ok(self.held(&worker).await?.0)
+    }
+
+    /// The tasks `worker` holds, and the revision of the read.
+    async fn held(&self, worker: &WorkerId) -> Result<(Vec<TaskId>, i64), ClusterError> {
+        let listing = within(
+            self.op_timeout,
+            "list tasks",
+            self.coord.list(self.keys.tasks()),
+        )
+        .await?;
+        let held = listing
+            .kvs
+            .iter()
+            .filter_map(|kv| {
+                let (task, kind) = self.keys.parse_task_key(&kv.key)?;
+                let (owner, _) = parse_owner_value(&kv.value)?;
+                (kind == TaskKey::Owner && owner == *worker).then_some(task)
+            })
+            .collect();
+        Ok((held, listing.revision))
     }
 
     /// A watch of the task's status: each [`StatusWatch::changed`] returns once the

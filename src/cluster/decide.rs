@@ -38,6 +38,11 @@
 //!    sent, the worker hands the task over whatever happens (a release whose
 //!    answer was lost may still land, and another worker start the task). The
 //!    stateright model found both.
+//! 7. **A drain hands everything over.** A draining worker claims nothing, and hands
+//!    every task it holds over by the same pause, publish, release as invariant 6,
+//!    a task whose run failed included (a drain is a shutdown that stays alive: the
+//!    new owner runs it for the desired stage, as after a shutdown). A task desired
+//!    Stopped is not handed over: it stops where it is and its key is released.
 
 use crate::stage::Stage;
 
@@ -114,6 +119,9 @@ pub struct TaskView {
     /// Whether the local task was paused for a hand-over since its last resume: if
     /// the hand-over is given up, it is resumed again for the same revision.
     pub yielded: bool,
+    /// Whether the worker is draining (invariant 7): every task it holds is handed
+    /// over, one whose run failed included, and nothing is claimed.
+    pub draining: bool,
 }
 
 /// What the worker does about a task.
@@ -207,7 +215,10 @@ pub fn decide(view: &TaskView) -> Option<Action> {
         }
         return match view.ownership {
             Ownership::Mine => Some(Action::Build),
-            Ownership::Unowned if view.capacity_left && !view.settled => Some(Action::Claim),
+            // Invariant 7: a draining worker claims nothing.
+            Ownership::Unowned if view.capacity_left && !view.settled && !view.draining => {
+                Some(Action::Claim)
+            }
             _ => None,
         };
     };
@@ -230,8 +241,10 @@ pub fn decide(view: &TaskView) -> Option<Action> {
         .published
         .is_some_and(|p| p.stage.is_at_rest() && p.desired_revision == revision);
     let committed = view.yielded && rest_published && desired == DesiredStage::Running;
-    let handing_over =
-        (view.hand_over || committed) && desired != DesiredStage::Stopped && !local.failed;
+    // Invariant 7: a drain hands over every task, a failed one included.
+    let handing_over = (view.hand_over || view.draining || committed)
+        && desired != DesiredStage::Stopped
+        && (!local.failed || view.draining);
     if local.stage == Stage::Stopped && desired != DesiredStage::Stopped {
         // Stopped by a fence, and the lease came back: a stopped task cannot run
         // again, so forget it; the next step builds it anew (invariant 5).
@@ -305,6 +318,7 @@ mod tests {
             capacity_left: true,
             hand_over: false,
             yielded: false,
+            draining: false,
         }
     }
 
@@ -578,5 +592,59 @@ mod tests {
             None,
             "a yield of an earlier revision commits nothing"
         );
+    }
+
+    /// Invariant 7: a draining worker claims nothing, and hands over every task it
+    /// holds by pause, publish, release: a failed one too, a stopping one not.
+    #[test]
+    fn a_drain_claims_nothing_and_hands_everything_over() {
+        let mut v = view();
+        v.draining = true;
+        v.local = None;
+        v.ownership = Ownership::Unowned;
+        assert_eq!(decide(&v), None, "a draining worker claimed");
+
+        let mut v = view();
+        v.draining = true;
+        assert_eq!(decide(&v), Some(Action::Yield), "the run is paused first");
+        v.local = local(Stage::Pausing);
+        assert_eq!(
+            decide(&v).filter(|a| *a == Action::Release),
+            None,
+            "released while the run may be alive"
+        );
+        v.local = local(Stage::Paused);
+        let rest = Report {
+            stage: Stage::Paused,
+            failed: false,
+            generation: 1,
+            desired_revision: 10,
+        };
+        assert_eq!(decide(&v), Some(Action::Publish(rest)));
+        v.published = Some(rest);
+        assert_eq!(decide(&v), Some(Action::Release));
+
+        // A failed task is handed over too (not only under a drain: see invariant 6).
+        let failed = Local {
+            stage: Stage::Paused,
+            failed: true,
+            generation: 1,
+        };
+        let report = Report {
+            failed: true,
+            ..rest
+        };
+        let mut v = view();
+        v.local = Some(failed);
+        v.published = Some(report);
+        assert_eq!(decide(&v), None, "a failure kept without a drain");
+        v.draining = true;
+        assert_eq!(decide(&v), Some(Action::Release));
+
+        // Desired Stopped: stopped where it is, not handed over.
+        let mut v = view();
+        v.draining = true;
+        v.desired = Some((DesiredStage::Stopped, 11));
+        assert_eq!(decide(&v), Some(Action::Stop));
     }
 }

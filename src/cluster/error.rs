@@ -100,6 +100,26 @@ pub enum ClusterError {
         /// The task.
         task: TaskId,
     },
+    /// No incarnation of this worker is a member now (it never joined, or its lease
+    /// ended).
+    #[error("{command}: worker {worker} is not a member")]
+    NoSuchWorker {
+        /// The command.
+        command: &'static str,
+        /// The worker.
+        worker: WorkerId,
+    },
+    /// A drain was written, but the worker still held tasks at the deadline (their
+    /// hand-over is under way, or a run has not returned).
+    #[error("drain of worker {worker} timed out after {waited:?}: it still holds {held} task(s)")]
+    DrainTimeout {
+        /// The worker.
+        worker: WorkerId,
+        /// How many tasks it still held.
+        held: usize,
+        /// How long the drain waited.
+        waited: Duration,
+    },
     /// The task's desired stage is Stopped, which is final: it cannot be changed.
     #[error("{command} of task {task} refused: the task is stopped, and that is final")]
     Stopped {

@@ -6,7 +6,8 @@
 //! {prefix}/tasks/{task}/owner                 "{worker}@{lease hex}", under the owner's lease
 //! {prefix}/tasks/{task}/observed              the owner's status report (fenced)
 //! {prefix}/checkpoints/{task}/{name}          unit checkpoints (fenced)
-//! {prefix}/workers/{worker}@{lease hex}       membership of one incarnation, under its lease
+//! {prefix}/workers/{worker}@{lease hex}       membership of one incarnation, under its lease:
+//!                                             "{lease hex}", or "draining" once drained
 //! ```
 //!
 //! Workers watch `tasks/` and `workers/`; checkpoints live outside both, so a
@@ -424,6 +425,17 @@ impl Keys {
         };
         Some((task, kind))
     }
+}
+
+/// The value of a membership key whose worker was drained
+/// ([`Controller::drain`](super::Controller::drain)): written by a controller under
+/// the member's own lease, so it ends with that incarnation. A draining member counts
+/// in no fair share, claims nothing and hands every task it holds over.
+pub(crate) const DRAINING: &[u8] = b"draining";
+
+/// Whether a membership key's value says its worker is draining.
+pub(crate) fn is_draining(value: &[u8]) -> bool {
+    value == DRAINING
 }
 
 /// The owner key's value for a worker holding lease `lease`.

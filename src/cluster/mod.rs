@@ -73,7 +73,8 @@ mod memory;
 mod worker;
 
 pub use self::controller::{
-    CheckpointInfo, Controller, StatusWatch, TaskStatus, DEFAULT_COMMAND_TIMEOUT, MAX_SPEC_BYTES,
+    CheckpointInfo, Controller, StatusWatch, TaskStatus, WorkerStatus, DEFAULT_COMMAND_TIMEOUT,
+    MAX_SPEC_BYTES,
 };
 pub use self::coord::{
     watch_channel, BoxFuture, Compare, Coordinator, Grant, KeepAlive, KeyValue, Listing, Op, Txn,

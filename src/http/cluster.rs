@@ -12,6 +12,7 @@ use tokio::time::Instant;
 
 use super::error::ApiError;
 use super::hub::Hub;
+use super::listing::Listing;
 use super::{now_ms, BoxFuture, Cmd, Item, Reached, Source};
 use crate::cluster::{
     ClusterError, Controller, DesiredStage, ObservedOutcome, ObservedStatus, TaskStatus,
@@ -25,10 +26,10 @@ const MIN_INTERVAL: Duration = Duration::from_millis(50);
 /// How long a request waits for the first read of the store.
 const FIRST_READ: Duration = Duration::from_secs(5);
 
-/// The watched copy of the store's tasks.
+/// The watched copy of the store's tasks: their listing, and each task's place in it.
 #[derive(Debug, Default)]
 struct Cache {
-    items: Vec<Item>,
+    listing: Arc<Listing>,
     index: HashMap<Arc<str>, usize>,
 }
 
@@ -166,25 +167,42 @@ fn apply(inner: &Inner, list: &[TaskStatus]) {
         .unwrap_or_else(PoisonError::into_inner)
         .clone();
     let now = now_ms();
-    let mut cache = Cache::default();
+    let mut index = HashMap::with_capacity(list.len());
+    let mut items = Vec::with_capacity(list.len());
+    // For each item, its place in the old listing when it did not change there.
+    let mut same = Vec::with_capacity(list.len());
     let mut changed = Vec::new();
     for status in list {
-        let before = old.as_ref().and_then(|c| {
-            c.index
-                .get(status.task.as_str())
-                .and_then(|&i| c.items.get(i))
-        });
+        let at = old
+            .as_ref()
+            .and_then(|c| c.index.get(status.task.as_str()).copied());
+        let before = old
+            .as_ref()
+            .zip(at)
+            .and_then(|(c, i)| c.listing.items.get(i));
         let mut item = item_of(status, Some(now));
         match before {
             Some(b) if b.stage == item.stage => item.since = b.since,
             _ => {}
         }
-        if before != Some(&item) {
+        if before == Some(&item) {
+            same.push(at);
+        } else {
+            same.push(None);
             changed.push((before.and_then(|b| b.stage), item.clone()));
         }
-        cache.index.insert(Arc::clone(&item.id), cache.items.len());
-        cache.items.push(item);
+        index.insert(Arc::clone(&item.id), items.len());
+        items.push(item);
     }
+    // One serialization per change, of the items that changed only.
+    let listing = Listing::reusing(items, |i| {
+        let at = same.get(i).copied().flatten()?;
+        old.as_ref()?.listing.text_of(at)
+    });
+    let cache = Cache {
+        listing: Arc::new(listing),
+        index,
+    };
     *inner.cache.write().unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(cache));
     inner.loaded.send_replace(true);
     // Published after the cache holds them: a client that reloads on an event sees
@@ -223,6 +241,18 @@ fn map_error(error: ClusterError, id: &str, command: &'static str) -> ApiError {
     e.command(command).task(id)
 }
 
+fn map_worker_error(error: ClusterError, id: &str) -> ApiError {
+    match error {
+        ClusterError::InvalidWorkerId { .. } | ClusterError::NoSuchWorker { .. } => ApiError::new(
+            StatusCode::NOT_FOUND,
+            "unknown_worker",
+            format!("worker {id:?} is not a member"),
+        )
+        .command("drain"),
+        error => map_error(error, "", "drain"),
+    }
+}
+
 fn answer(id: &str, cmd: Cmd, desired: DesiredStage, observed: &ObservedStatus) -> Value {
     json!({
         "id": id,
@@ -244,8 +274,8 @@ impl Source for ClusterSource {
         "cluster"
     }
 
-    fn list(&self) -> BoxFuture<'_, Result<Vec<Item>, ApiError>> {
-        Box::pin(async move { Ok(self.cache().await?.items.clone()) })
+    fn listing(&self) -> BoxFuture<'_, Result<Arc<Listing>, ApiError>> {
+        Box::pin(async move { Ok(Arc::clone(&self.cache().await?.listing)) })
     }
 
     fn detail<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Value, ApiError>> {
@@ -258,7 +288,11 @@ impl Source for ClusterSource {
                 .map_err(|e| map_error(e, id, "show"))?;
             let mut body = item_of(&status, None).to_json();
             if let Ok(cache) = self.cache().await {
-                if let Some(item) = cache.index.get(id).and_then(|&i| cache.items.get(i)) {
+                if let Some(item) = cache
+                    .index
+                    .get(id)
+                    .and_then(|&i| cache.listing.items.get(i))
+                {
                     body["since"] = json!(item.since);
                 }
             }
@@ -356,26 +390,66 @@ impl Source for ClusterSource {
 
     fn workers(&self) -> BoxFuture<'_, Result<Value, ApiError>> {
         Box::pin(async move {
-            let ids = self
+            let members = self
                 .inner
                 .controller
-                .workers()
+                .worker_statuses()
                 .await
                 .map_err(|e| map_error(e, "", "workers"))?;
             let cache = self.cache().await.ok();
-            let items: Vec<Value> = ids
+            let items: Vec<Value> = members
                 .iter()
                 .map(|w| {
                     let held = cache.as_ref().map(|c| {
-                        c.items
+                        c.listing
+                            .items
                             .iter()
-                            .filter(|i| i.owner.as_deref() == Some(w.as_str()))
+                            .filter(|i| i.owner.as_deref() == Some(w.worker.as_str()))
                             .count()
                     });
-                    json!({"id": w.as_str(), "tasks": held, "lease_left": null})
+                    json!({
+                        "id": w.worker.as_str(),
+                        "tasks": held,
+                        "draining": w.draining,
+                        "lease_left": null,
+                    })
                 })
                 .collect();
             Ok(json!({"total": items.len(), "items": items}))
+        })
+    }
+
+    fn drain<'a>(
+        &'a self,
+        id: &'a str,
+        wait: Duration,
+    ) -> BoxFuture<'a, Result<Reached, ApiError>> {
+        Box::pin(async move {
+            let controller = &self.inner.controller;
+            let body = |held: usize| json!({"id": id, "command": "drain", "draining": true, "tasks": held});
+            let result = if wait.is_zero() {
+                controller.drain(id).await
+            } else {
+                controller.drain_within(id, wait).await
+            };
+            match result {
+                Ok(()) if !wait.is_zero() => Ok(Reached::Done(body(0))),
+                // Written: how many tasks it still holds, read after the write.
+                Ok(()) => {
+                    let held = controller
+                        .held_by(id)
+                        .await
+                        .map_err(|e| map_worker_error(e, id))?
+                        .len();
+                    Ok(if held == 0 {
+                        Reached::Done(body(0))
+                    } else {
+                        Reached::Settling(body(held))
+                    })
+                }
+                Err(ClusterError::DrainTimeout { held, .. }) => Ok(Reached::Settling(body(held))),
+                Err(e) => Err(map_worker_error(e, id)),
+            }
         })
     }
 

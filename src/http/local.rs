@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
 use axum::http::StatusCode;
@@ -11,6 +11,7 @@ use serde_json::Value;
 
 use super::error::ApiError;
 use super::hub::{Hub, DEFAULT_CAPACITY};
+use super::listing::Listing;
 use super::{now_ms, BoxFuture, Cmd, Item, Reached, Source};
 use crate::error::Error;
 use crate::runtime::{Event, TaskObserver, TaskSnapshot, WeakHandle};
@@ -33,7 +34,28 @@ type Table<C> = (Vec<Arc<Entry<C>>>, HashMap<Arc<str>, usize>);
 
 struct Inner<C: Send + Sync + 'static> {
     entries: RwLock<Table<C>>,
+    /// Moved on every change of `entries`, under its write lock: a listing of
+    /// another table is built anew.
+    table: AtomicU64,
+    /// The last listing built, with what each of its items was built from.
+    cached: Mutex<Option<Arc<Cached>>>,
+    /// Taken (and awaited) by the request that builds a listing: the others wait
+    /// for it and are served its listing, not a build of their own. Held across no
+    /// `.await` (the build is synchronous).
+    building: tokio::sync::Mutex<()>,
     hub: Arc<Hub>,
+}
+
+/// What one task's item was built from: its change counter and progress
+/// ([`TaskObserver::cache_key`]), and its `since`. The same key read again means
+/// the same item.
+type Key = (u64, crate::runtime::Progress, u64);
+
+/// A listing, and the key of each of its items (in the same order).
+struct Cached {
+    table: u64,
+    keys: Vec<Key>,
+    listing: Arc<Listing>,
 }
 
 /// The tasks of one process that an [`Api::local`](super::Api::local) serves, by name.
@@ -63,12 +85,7 @@ impl<C: Send + Sync + 'static> fmt::Debug for LocalTasks<C> {
 
 impl<C: Send + Sync + 'static> Default for LocalTasks<C> {
     fn default() -> Self {
-        LocalTasks {
-            inner: Arc::new(Inner {
-                entries: RwLock::new((Vec::new(), HashMap::new())),
-                hub: Arc::new(Hub::new(DEFAULT_CAPACITY)),
-            }),
-        }
+        Self::with_event_capacity(DEFAULT_CAPACITY)
     }
 }
 
@@ -85,6 +102,9 @@ impl<C: Send + Sync + 'static> LocalTasks<C> {
         LocalTasks {
             inner: Arc::new(Inner {
                 entries: RwLock::new((Vec::new(), HashMap::new())),
+                table: AtomicU64::new(0),
+                cached: Mutex::new(None),
+                building: tokio::sync::Mutex::new(()),
                 hub: Arc::new(Hub::new(capacity)),
             }),
         }
@@ -129,6 +149,8 @@ impl<C: Send + Sync + 'static> LocalTasks<C> {
             let index = entries.0.len();
             entries.1.entry(Arc::clone(&entry.id)).or_insert(index);
             entries.0.push(Arc::clone(&entry));
+            // Relaxed: read and written under the entries' lock, which orders it.
+            self.inner.table.fetch_add(1, Ordering::Relaxed);
         }
         let hub = Arc::downgrade(&self.inner.hub);
         let id = Arc::clone(&entry.id);
@@ -205,6 +227,8 @@ impl<C: Send + Sync + 'static> LocalTasks<C> {
             index.entry(Arc::clone(&e.id)).or_insert(i);
         }
         entries.1 = index;
+        // Relaxed: read and written under the entries' lock, which orders it.
+        self.inner.table.fetch_add(1, Ordering::Relaxed);
         before - entries.0.len()
     }
 
@@ -212,13 +236,96 @@ impl<C: Send + Sync + 'static> LocalTasks<C> {
         Arc::clone(&self.inner.hub)
     }
 
-    fn entries(&self) -> Vec<Arc<Entry<C>>> {
-        self.inner
+    /// The last listing, if it is still every task's state now: the table is the
+    /// same and every task's key reads as it did when its item was built.
+    fn fresh(&self) -> Option<Arc<Listing>> {
+        let cached = self
+            .inner
+            .cached
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()?;
+        let entries = self
+            .inner
             .entries
             .read()
+            .unwrap_or_else(PoisonError::into_inner);
+        // Relaxed: under the entries' lock.
+        let same_table = cached.table == self.inner.table.load(Ordering::Relaxed);
+        let unchanged = same_table
+            && entries.0.len() == cached.keys.len()
+            && entries
+                .0
+                .iter()
+                .zip(&cached.keys)
+                .all(|(entry, key)| key_of(entry) == *key);
+        unchanged.then(|| Arc::clone(&cached.listing))
+    }
+
+    /// A listing of every task now, reusing the items of the last one whose keys
+    /// read the same.
+    fn build(&self) -> Arc<Listing> {
+        let old = self
+            .inner
+            .cached
+            .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .0
-            .clone()
+            .clone();
+        let entries = self
+            .inner
+            .entries
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
+        // Relaxed: under the entries' lock.
+        let table = self.inner.table.load(Ordering::Relaxed);
+        let old = old.filter(|o| o.table == table);
+        let mut keys = Vec::with_capacity(entries.0.len());
+        let mut items = Vec::with_capacity(entries.0.len());
+        let mut reused = Vec::with_capacity(entries.0.len());
+        for (i, entry) in entries.0.iter().enumerate() {
+            let key = key_of(entry);
+            let kept = old.as_ref().and_then(|o| {
+                (o.keys.get(i) == Some(&key))
+                    .then(|| o.listing.items.get(i).cloned())
+                    .flatten()
+            });
+            match kept {
+                Some(item) => {
+                    keys.push(key);
+                    items.push(item);
+                    reused.push(true);
+                }
+                None => {
+                    let snapshot = entry.observer.snapshot();
+                    let item = item_of(entry, &snapshot);
+                    keys.push((
+                        snapshot.seq,
+                        snapshot.progress,
+                        item.since.unwrap_or_default(),
+                    ));
+                    items.push(item);
+                    reused.push(false);
+                }
+            }
+        }
+        drop(entries);
+        let listing = Arc::new(Listing::reusing(items, |i| {
+            if reused.get(i) == Some(&true) {
+                old.as_ref()?.listing.text_of(i)
+            } else {
+                None
+            }
+        }));
+        *self
+            .inner
+            .cached
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(Cached {
+            table,
+            keys,
+            listing: Arc::clone(&listing),
+        }));
+        listing
     }
 
     fn find(&self, id: &str) -> Option<Arc<Entry<C>>> {
@@ -238,6 +345,13 @@ fn outcome(outcome: &Outcome) -> (&'static str, Option<String>) {
         Outcome::Aborted => ("aborted", None),
         Outcome::Failed(error) => ("failed", Some(error.to_string())),
     }
+}
+
+/// What `entry`'s item is built from, read now (see [`Key`]).
+fn key_of<C: Send + Sync + 'static>(entry: &Entry<C>) -> Key {
+    let (seq, progress) = entry.observer.cache_key();
+    // Relaxed: a display value.
+    (seq, progress, entry.since.load(Ordering::Relaxed))
 }
 
 fn item_of<C: Send + Sync + 'static>(entry: &Entry<C>, snapshot: &TaskSnapshot) -> Item {
@@ -279,13 +393,18 @@ impl<C: Send + Sync + 'static> Source for LocalTasks<C> {
         "local"
     }
 
-    fn list(&self) -> BoxFuture<'_, Result<Vec<Item>, ApiError>> {
+    fn listing(&self) -> BoxFuture<'_, Result<Arc<Listing>, ApiError>> {
         Box::pin(async move {
-            Ok(self
-                .entries()
-                .iter()
-                .map(|e| item_of(e, &e.observer.snapshot()))
-                .collect())
+            if let Some(listing) = self.fresh() {
+                return Ok(listing);
+            }
+            // One build at a time; a request that waited is served the build it
+            // waited for when nothing moved since.
+            let _turn = self.inner.building.lock().await;
+            if let Some(listing) = self.fresh() {
+                return Ok(listing);
+            }
+            Ok(self.build())
         })
     }
 

@@ -16,7 +16,8 @@
 //! | `POST /v1/tasks/{id}/pause\|resume\|stop?wait=` | 200 reached, 202 still settling, 409 refused |
 //! | `POST /v1/tasks` | create a task (cluster) |
 //! | `GET /v1/events`, `GET /v1/tasks/{id}/events` | Server-Sent Events, resumable (`Last-Event-ID`) |
-//! | `GET /v1/workers` | the workers (cluster) |
+//! | `GET /v1/workers` | the workers (cluster), each with `draining` |
+//! | `POST /v1/workers/{id}/drain?wait=` | 200 once the worker holds no task, 202 still handing over (cluster) |
 //! | `GET /v1/auth` | the caller's scope |
 //! | `GET /`, `GET /ui` | the status page |
 //!
@@ -59,6 +60,7 @@ mod auth;
 mod cluster;
 mod error;
 mod hub;
+mod listing;
 mod local;
 mod page;
 mod routes;
@@ -168,8 +170,9 @@ pub(crate) enum Reached {
 pub(crate) trait Source: Send + Sync + 'static {
     /// `"local"` or `"cluster"`.
     fn kind(&self) -> &'static str;
-    /// Every task, in the source's order.
-    fn list(&self) -> BoxFuture<'_, Result<Vec<Item>, ApiError>>;
+    /// Every task, in the source's order, with its JSON text: a listing shared by
+    /// every request until the source's state moves.
+    fn listing(&self) -> BoxFuture<'_, Result<Arc<listing::Listing>, ApiError>>;
     /// One task with its detail.
     fn detail<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Value, ApiError>>;
     /// Whether a task of this id exists now.
@@ -204,6 +207,20 @@ pub(crate) trait Source: Send + Sync + 'static {
             Err(ApiError::not_available(
                 "workers are listed for a cluster only: this API serves one process's tasks",
             ))
+        })
+    }
+    /// Drains a worker, waiting up to `wait` for it to hold nothing (cluster only).
+    fn drain<'a>(
+        &'a self,
+        id: &'a str,
+        wait: Duration,
+    ) -> BoxFuture<'a, Result<Reached, ApiError>> {
+        let _ = (id, wait);
+        Box::pin(async {
+            Err(ApiError::not_available(
+                "workers are drained in a cluster only: this API serves one process's tasks",
+            )
+            .command("drain"))
         })
     }
     /// Why the source is unhealthy now, beside stuck tasks (e.g. the store is

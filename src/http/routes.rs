@@ -48,6 +48,7 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/tasks/{id}/events", get(task_events))
         .route("/v1/events", get(all_events))
         .route("/v1/workers", get(workers))
+        .route("/v1/workers/{id}/drain", post(drain))
         .route("/v1/auth", get(whoami))
         // Applies to the routes above only: unknown routes are 404 without a token.
         .route_layer(middleware::from_fn_with_state(
@@ -231,22 +232,18 @@ async fn list(State(shared): St, RawQuery(query): RawQuery) -> Result<Response, 
         .unwrap_or(DEFAULT_LIMIT);
     // Read before the list: a stream resumed from it misses no change after the list.
     let seq = shared.hub.last();
-    let items = shared.source.list().await?;
-    let matching: Vec<&super::Item> = items
-        .iter()
-        .filter(|i| stage.is_none_or(|s| i.stage == Some(s)))
-        .filter(|i| worker.is_none_or(|w| i.owner.as_deref() == Some(w)))
-        .collect();
-    let page: Vec<Value> = matching
-        .iter()
-        .skip(offset)
-        .take(limit)
-        .map(|i| i.to_json())
-        .collect();
-    Ok(json_response(
-        StatusCode::OK,
-        &json!({"total": matching.len(), "offset": offset, "limit": limit, "seq": seq, "items": page}),
-    ))
+    let listing = shared.source.listing().await?;
+    let selected: Option<Vec<usize>> = (stage.is_some() || worker.is_some()).then(|| {
+        listing
+            .items
+            .iter()
+            .enumerate()
+            .filter(|(_, i)| stage.is_none_or(|s| i.stage == Some(s)))
+            .filter(|(_, i)| worker.is_none_or(|w| i.owner.as_deref() == Some(w)))
+            .map(|(n, _)| n)
+            .collect()
+    });
+    Ok(listing.page(selected.as_deref(), offset, limit, seq))
 }
 
 async fn show(
@@ -394,10 +391,34 @@ async fn workers(State(shared): St, RawQuery(query): RawQuery) -> Result<Respons
     Ok(json_response(StatusCode::OK, &body))
 }
 
+async fn drain(
+    State(shared): St,
+    path: Result<Path<String>, PathRejection>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ApiError> {
+    let fail = |e: ApiError| e.command("drain");
+    let Path(id) = path.map_err(|e| {
+        fail(ApiError::bad_request(format!(
+            "bad worker id in the path: {e}"
+        )))
+    })?;
+    let params = params(query.as_deref(), &["wait"]).map_err(fail)?;
+    let wait = param(&params, "wait")
+        .map(parse_wait)
+        .transpose()
+        .map_err(fail)?
+        .unwrap_or(DEFAULT_WAIT);
+    match shared.source.drain(&id, wait).await? {
+        Reached::Done(body) => Ok(json_response(StatusCode::OK, &body)),
+        Reached::Settling(body) => Ok(json_response(StatusCode::ACCEPTED, &body)),
+    }
+}
+
 async fn health(State(shared): St) -> Response {
     let mut reasons = shared.source.problems();
-    match shared.source.list().await {
-        Ok(items) => {
+    match shared.source.listing().await {
+        Ok(listing) => {
+            let items = &listing.items;
             let now = now_ms();
             let limit = u64::try_from(shared.stuck_after.as_millis()).unwrap_or(u64::MAX);
             for stage in [Stage::Pausing, Stage::Resuming, Stage::Stopping] {

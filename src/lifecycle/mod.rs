@@ -378,6 +378,16 @@ impl<K: CancelHandle, C, U> Lifecycle<K, C, U> {
         lock(&self.state).snapshot()
     }
 
+    /// The change counter and the current unit's index (`None` once every unit
+    /// completed), read together under the lock: what a cached copy of the state is
+    /// keyed on, without the copy a [`Lifecycle::snapshot`] makes. Every accepted
+    /// input moves the counter, so an unchanged counter means an unchanged snapshot.
+    #[cfg(feature = "http")]
+    pub(crate) fn seq_and_unit(&self) -> (u64, Option<usize>) {
+        let state = lock(&self.state);
+        (state.seq, (state.unit < state.units).then_some(state.unit))
+    }
+
     /// The configuration in force.
     pub fn config(&self) -> Arc<C> {
         Arc::clone(&lock(&self.state).config)

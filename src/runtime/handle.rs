@@ -716,6 +716,19 @@ impl<C: Send + Sync + 'static> TaskObserver<C> {
         Events::new(Arc::clone(&self.shared), self.event_capacity)
     }
 
+    /// What a cached copy of the task's [`TaskSnapshot`] is keyed on: the core's
+    /// change counter ([`TaskSnapshot::seq`]) and the current unit's progress, which
+    /// moves without a change. A snapshot taken when both read the same is still the
+    /// task's state; reading them costs a lock each and copies nothing.
+    #[cfg(feature = "http")]
+    pub(crate) fn cache_key(&self) -> (u64, Progress) {
+        let (seq, unit) = self.shared.core().seq_and_unit();
+        let progress = unit
+            .map(|i| self.shared.runtime().progress.get(i))
+            .unwrap_or_default();
+        (seq, progress)
+    }
+
     /// Waits until the stage satisfies `predicate`, and returns the state then.
     ///
     /// # Cancel safety

@@ -15,6 +15,7 @@ Examples:
   taskstage --prefix app resume --all
   taskstage --prefix app create orders --spec-file orders.json --paused
   taskstage --prefix app workers --output json
+  taskstage --prefix app drain worker-1
   taskstage --prefix app watch orders
   taskstage completions bash > /etc/bash_completion.d/taskstage
 
@@ -120,6 +121,14 @@ pub(crate) enum Command {
     /// The workers that are members now, and how many tasks each one holds.
     #[command(after_help = "Example:\n  taskstage --prefix app workers")]
     Workers,
+    /// Drains a worker for a rolling restart: it hands every task it holds over to
+    /// the other workers (each run paused and returned before another starts it)
+    /// and claims none, while it stays alive; returns once it holds no task.
+    #[command(after_help = "Example:\n  taskstage --prefix app drain worker-1 --timeout 2m")]
+    Drain {
+        /// The worker's id.
+        worker: String,
+    },
     /// Prints a line each time a read after a change finds a task (or one task)
     /// changed, until interrupted; a state shorter than a read may get no line.
     #[command(after_help = "Examples:\n  taskstage --prefix app watch\n  \

@@ -58,6 +58,39 @@ pub(crate) enum CliError {
         /// The prefix looked under.
         prefix: String,
     },
+    /// A worker id cannot be a key component.
+    #[error("{command}: invalid worker id {id:?}: {reason}")]
+    InvalidWorker {
+        /// The command.
+        command: &'static str,
+        /// The id as given.
+        id: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// No live member with this id under the prefix.
+    #[error("{command}: worker {worker} is not a member under prefix {prefix}")]
+    NoSuchWorker {
+        /// The command.
+        command: &'static str,
+        /// The worker.
+        worker: String,
+        /// The prefix looked under.
+        prefix: String,
+    },
+    /// A drained worker still held tasks at the deadline.
+    #[error(
+        "drain of worker {worker} not done within {}: it still holds {held} task(s)",
+        seconds(*waited)
+    )]
+    NotDrained {
+        /// The worker.
+        worker: String,
+        /// How many tasks it still held.
+        held: usize,
+        /// How long the command waited.
+        waited: Duration,
+    },
     /// `--all` found nothing to act on.
     #[error("{command} --all: no task to {command} under prefix {prefix}")]
     NoTasks {
@@ -193,6 +226,25 @@ impl CliError {
                 id,
                 reason,
             },
+            ClusterError::InvalidWorkerId { id, reason } => CliError::InvalidWorker {
+                command,
+                id,
+                reason,
+            },
+            ClusterError::NoSuchWorker { worker, .. } => CliError::NoSuchWorker {
+                command,
+                worker: worker.to_string(),
+                prefix: prefix.to_owned(),
+            },
+            ClusterError::DrainTimeout {
+                worker,
+                held,
+                waited,
+            } => CliError::NotDrained {
+                worker: worker.to_string(),
+                held,
+                waited,
+            },
             ClusterError::InvalidPrefix { prefix, reason } => {
                 CliError::InvalidPrefix { prefix, reason }
             }
@@ -243,6 +295,8 @@ impl CliError {
             | CliError::InvalidTask { .. }
             | CliError::UnknownStage { .. }
             | CliError::NoSuchTask { .. }
+            | CliError::InvalidWorker { .. }
+            | CliError::NoSuchWorker { .. }
             | CliError::NoTasks { .. }
             | CliError::SpecFile { .. }
             | CliError::Listen { .. } => BAD_INPUT,
@@ -251,6 +305,7 @@ impl CliError {
             | CliError::Exists { .. }
             | CliError::Conflict { .. }
             | CliError::NotAnswered { .. }
+            | CliError::NotDrained { .. }
             | CliError::Other { .. }
             | CliError::Internal { .. }
             | CliError::Output { .. } => REFUSED,
@@ -266,6 +321,9 @@ impl CliError {
             CliError::InvalidTask { .. } => "invalid_task_id",
             CliError::UnknownStage { .. } => "unknown_stage",
             CliError::NoSuchTask { .. } => "no_such_task",
+            CliError::InvalidWorker { .. } => "invalid_worker_id",
+            CliError::NoSuchWorker { .. } => "no_such_worker",
+            CliError::NotDrained { .. } => "timeout",
             CliError::NoTasks { .. } => "no_tasks",
             CliError::SpecFile { .. } => "spec_file",
             CliError::Unreachable { .. } => "unreachable",
@@ -333,6 +391,17 @@ impl CliError {
                 "`taskstage list` shows the tasks; check --prefix".into()
             }
             CliError::SpecFile { .. } => "give a readable file, or '-' for standard input".into(),
+            CliError::InvalidWorker { .. } => {
+                "a worker id is one key component: no '/', '@' or whitespace, at most 128 bytes"
+                    .into()
+            }
+            CliError::NoSuchWorker { .. } => {
+                "`taskstage workers` shows the members; check --prefix".into()
+            }
+            CliError::NotDrained { worker, .. } => format!(
+                "its hand-overs are under way, or a run has not returned: `taskstage list` \
+                 shows what {worker} holds; the drain stays written, run it again to wait more"
+            ),
             CliError::Unreachable { .. } => {
                 "check --endpoints (or ETCD_ENDPOINTS) and that etcd is up; nothing was written"
                     .into()

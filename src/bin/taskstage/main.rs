@@ -127,6 +127,7 @@ async fn run(cli: &Cli) -> Outcome {
             desired,
         } => create(cli, task, spec_file, *paused, desired.as_deref()).await,
         Command::Workers => workers(cli).await,
+        Command::Drain { worker } => drain(cli, worker).await,
         Command::Watch { task } => watch(cli, task.as_deref()).await,
         Command::Serve {
             listen,
@@ -588,6 +589,28 @@ async fn create(
             "create",
             &format!(
                 "created task {task}: desired {desired}, spec {size} bytes, revision {revision}\n"
+            ),
+        ),
+    }
+}
+
+/// Drains `worker` and waits (up to `--timeout`) until it holds no task.
+async fn drain(cli: &Cli, worker: &str) -> Outcome {
+    let controller = connect(cli, "drain").await?;
+    controller
+        .drain_within(worker, cli.timeout)
+        .await
+        .map_err(|e| vec![CliError::cluster("drain", None, &cli.prefix, e)])?;
+    match cli.output {
+        Output::Json => emit_json(
+            "drain",
+            &json!({"worker": worker, "draining": true, "tasks": 0}),
+        ),
+        Output::Table => emit(
+            "drain",
+            &render::table(
+                &["WORKER", "DRAINING", "TASKS"],
+                &[vec![worker.to_owned(), "yes".to_owned(), "0".to_owned()]],
             ),
         ),
     }

@@ -29,6 +29,7 @@ mod session;
 mod view;
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -402,6 +403,7 @@ impl WorkerBuilder {
             wake,
             view: Mutex::new(BTreeMap::new()),
             lease_state: lease_tx,
+            draining: AtomicBool::new(false),
         });
         let weak = Arc::downgrade(&inner);
         history.on_replaced(move |replaced| {
@@ -488,6 +490,9 @@ struct Inner {
     view: Mutex<BTreeMap<TaskId, Held>>,
     /// The lease deadline: written by the session only.
     lease_state: watch::Sender<LeaseState>,
+    /// Whether a controller drained this worker, as the reconcile loop last saw it;
+    /// for [`Worker::is_draining`].
+    draining: AtomicBool,
 }
 
 #[derive(Clone)]
@@ -637,6 +642,15 @@ impl Worker {
             .view()
             .get(task)
             .and_then(|h| h.handle.as_ref().map(Handle::observer))
+    }
+
+    /// Whether a controller drained this worker
+    /// ([`Controller::drain`](super::Controller::drain)), as its loop last saw it:
+    /// it claims nothing and hands every task it holds over, and stays a live
+    /// member until it shuts down.
+    pub fn is_draining(&self) -> bool {
+        // Relaxed: a flag for display and tests; nothing is ordered by it.
+        self.inner.draining.load(Ordering::Relaxed)
     }
 
     /// When the worker will begin stopping its runs unless a keep-alive is answered;

@@ -124,8 +124,11 @@ struct Reconciler {
     wanting: HashSet<TaskId>,
     /// This worker's member key.
     me: String,
-    /// This worker's fair share (see [`handover::share`]).
+    /// This worker's fair share (see [`handover::share`]); 0 once draining.
     share: usize,
+    /// Whether a controller drained this worker (its member key says so): it
+    /// claims nothing and hands every task over (decide, invariant 7).
+    draining: bool,
     /// The shares must be computed again (the members or the tasks changed).
     rebalance_due: bool,
     /// Tasks whose action failed to reach the store, and when to decide again.
@@ -183,6 +186,7 @@ pub(super) async fn reconcile(
         sent: HashMap::new(),
         wanting: HashSet::new(),
         share: 0,
+        draining: false,
         rebalance_due: false,
         retry: BTreeSet::new(),
         starved: BTreeSet::new(),
@@ -401,8 +405,23 @@ impl Reconciler {
         if !self.view.is_known() {
             return;
         }
+        let draining = self.view.is_draining(&self.me);
+        if draining && !self.draining {
+            tracing::info!(worker = %self.inner.id, held = self.slots.len(), "drained: handing every task over");
+            // Every held task is decided again, now with `draining`.
+            self.queue_held();
+        }
+        self.draining = draining;
+        // Relaxed: a flag for Worker::is_draining; nothing is ordered by it.
+        self.inner
+            .draining
+            .store(draining, std::sync::atomic::Ordering::Relaxed);
         let members = self.view.members();
-        self.share = handover::share(self.wanting.len(), &members, &self.me);
+        self.share = if draining {
+            0
+        } else {
+            handover::share(self.wanting.len(), &members, &self.me)
+        };
         // A hand-over ends with the release; one whose task is gone, failed or
         // ending is no longer under way.
         let slots = &self.slots;
@@ -534,6 +553,7 @@ impl Reconciler {
                                 }))
                     })),
             yielded: running_ref.is_some_and(|r| r.yielded),
+            draining: self.draining,
         };
         let starved = view.local.is_none()
             && ownership == Ownership::Unowned

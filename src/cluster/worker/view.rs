@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cluster::coord::{next_message, Coordinator, KeyValue, WatchEvent, WatchMessage};
 use crate::cluster::fence::within;
-use crate::cluster::keys::{Keys, TaskId, TaskKey};
+use crate::cluster::keys::{is_draining, Keys, TaskId, TaskKey};
 
 /// The two prefixes a worker follows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -261,13 +261,22 @@ impl View {
         self.tasks.keys()
     }
 
-    /// The live members' keys (one per incarnation), sorted.
+    /// The live members' keys (one per incarnation) that count in the fair shares,
+    /// sorted: a draining member counts in none.
     pub(super) fn members(&self) -> BTreeSet<String> {
         self.members
             .iter()
-            .filter(|(_, e)| e.kv.is_some())
+            .filter(|(_, e)| e.kv.as_ref().is_some_and(|kv| !is_draining(&kv.value)))
             .map(|(k, _)| k.clone())
             .collect()
+    }
+
+    /// Whether the member key `member` is live and marked draining.
+    pub(super) fn is_draining(&self, member: &str) -> bool {
+        self.members
+            .get(member)
+            .and_then(|e| e.kv.as_ref())
+            .is_some_and(|kv| is_draining(&kv.value))
     }
 
     /// Applies what a reflector sent.
@@ -563,6 +572,16 @@ mod tests {
             view.members().into_iter().collect::<Vec<_>>(),
             ["p/workers/w2@2"]
         );
+        // A drained member stays live and counts in no share.
+        let changes = view.feed(Feed::Changed {
+            prefix: Prefix::Workers,
+            revision: 7,
+            events: vec![WatchEvent::Put(kv("p/workers/w2@2", "draining", 3, 7))],
+        });
+        assert!(changes.members);
+        assert!(view.members().is_empty());
+        assert!(view.is_draining("p/workers/w2@2"));
+        assert!(!view.is_draining("p/workers/w1@1"), "gone, not draining");
 
         view.feed(Feed::Changed {
             prefix: Prefix::Tasks,
