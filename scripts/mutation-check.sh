@@ -2039,13 +2039,13 @@ EOF
 }
 
 m198() {
-  WHERE="outcome.rs: Outcome::kind"
-  MUTANT="an aborted run's kind is Cancelled: a policy comparing kinds cannot tell an abort"
+  WHERE="runtime: the outcome an abort records"
+  MUTANT="an aborted run is recorded as Cancelled: nobody can tell an abort"
   SUITE="--all-features --test runtime an_aborted_run_says_so"
-  edit src/outcome.rs <<'EOF'
-            Outcome::Aborted => OutcomeKind::Aborted,
+  edit src/lifecycle/mod.rs <<'EOF'
+                state.outcome = Some(if aborted {
 @@@@
-            Outcome::Aborted => OutcomeKind::Cancelled,
+                state.outcome = Some(if false {
 EOF
 }
 
@@ -2069,6 +2069,9 @@ m220() {
 @@@@
         rounds += 1;
         break;
+EOF
+}
+
 m200() {
   WHERE="cluster/worker/view.rs: View::members"
   MUTANT="a drained member still counts in the fair shares: the other workers leave its share of the tasks unclaimed"

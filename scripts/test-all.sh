@@ -32,7 +32,7 @@ cargo test --all-targets --all-features --no-run --message-format=json-render-di
 #    and processes they start (their timers, leases and deadlines are real), then
 #    the scale run under overload. Most of their time they wait on etcd's timers
 #    and leave the cores idle; the two lanes below use that time.
-#  - side, at a lower CPU priority: the compile-fail proofs (default features: the
+#  - side, at a lower CPU priority (nice 5): the compile-fail proofs (default features: the
 #    saved errors are theirs), the doc tests (every feature), then every other
 #    suite: on tokio's paused clock or no clock at all (the core, the runtime, the
 #    property tests, the in-memory cluster's promises and model), whose verdicts do
@@ -40,7 +40,8 @@ cargo test --all-targets --all-features --no-run --message-format=json-render-di
 #    without cargo, as the main lane does.
 #  - loom: the loom models, in a separate target dir (the cfg changes RUSTFLAGS,
 #    which would otherwise force the normal build to be redone on the next run),
-#    release mode, at a lower CPU priority. Each model sets its own preemption bound
+#    release mode, at the lowest CPU priority (nice 19: it has no clock to keep and
+#    runs last of all, in what the others leave). Each model sets its own preemption bound
 #    in code (two-party models: none, so they are exhaustive; three-party models: 3,
 #    and their comments say why).
 # Every suite runs; the script fails if any failed, after printing each lane's output.
@@ -97,8 +98,9 @@ stop_lanes() {
 trap stop_lanes EXIT
 set -m
 (
-  # This lane and all it starts run at the lower priority.
-  renice -n 10 -p "$BASHPID" >/dev/null
+  # This lane and all it starts run at a lower priority than the main lane's, and
+  # a higher one than the loom models'.
+  renice -n 5 -p "$BASHPID" >/dev/null
   echo "== compile-fail proofs of the typestate API (default features: the saved errors are theirs) =="
   cargo test --test compile_fail || echo "compile-fail proofs" >>"$logs/side.failed"
   echo "== doc tests (every feature) =="
@@ -109,7 +111,7 @@ set -m
 lanes+=($!)
 (
   RUSTFLAGS="--cfg taskstage_loom" CARGO_TARGET_DIR=target/loom \
-    nice -n 10 cargo test --release --test loom -- --test-threads=1 --nocapture
+    nice -n 19 cargo test --release --test loom -- --test-threads=2 --nocapture
 ) >"$logs/loom" 2>&1 &
 lanes+=($!)
 set +m

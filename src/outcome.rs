@@ -22,43 +22,7 @@ pub enum Outcome {
     Aborted,
 }
 
-/// Which kind of [`Outcome`] it is, without the error it may carry: for comparing
-/// outcomes in tests and policies. Two failures have the same kind; whether their
-/// errors are "the same" is for the caller to decide from [`Outcome::error`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum OutcomeKind {
-    /// [`Outcome::Completed`].
-    Completed,
-    /// [`Outcome::Failed`].
-    Failed,
-    /// [`Outcome::Cancelled`].
-    Cancelled,
-    /// [`Outcome::Aborted`].
-    Aborted,
-}
-
 impl Outcome {
-    /// The outcome's kind.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use taskstage::runtime::OutcomeKind;
-    /// use taskstage::{Outcome, RunError};
-    ///
-    /// let failed = Outcome::Failed(RunError::msg("disk full"));
-    /// assert_eq!(failed.kind(), OutcomeKind::Failed);
-    /// assert_eq!(Outcome::Cancelled.kind(), OutcomeKind::Cancelled);
-    /// ```
-    pub fn kind(&self) -> OutcomeKind {
-        match self {
-            Outcome::Completed => OutcomeKind::Completed,
-            Outcome::Failed(_) => OutcomeKind::Failed,
-            Outcome::Cancelled => OutcomeKind::Cancelled,
-            Outcome::Aborted => OutcomeKind::Aborted,
-        }
-    }
-
     /// The error, if the outcome is a failure.
     pub fn error(&self) -> Option<&RunError> {
         match self {

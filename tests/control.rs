@@ -9,8 +9,7 @@ mod support;
 use std::time::Duration;
 
 use support::{scripted, stubborn, Live, Order};
-use taskstage::runtime::OutcomeKind;
-use taskstage::{Command, ErrorKind, Refusal, Stage, Task};
+use taskstage::{Command, ErrorKind, Outcome, Refusal, Stage, Task};
 
 #[tokio::test(start_paused = true)]
 async fn pause_now_is_accepted_at_once_and_settles_when_the_run_returns() {
@@ -27,9 +26,10 @@ async fn pause_now_is_accepted_at_once_and_settles_when_the_run_returns() {
         // The unit completed as it was cancelled: Paused before the next unit.
         assert_eq!(settling.await.unwrap(), Stage::Paused);
         assert_eq!(live.now(), 0, "Paused while the run is alive");
-        assert_eq!(
-            handle.snapshot().outcome.map(|o| o.kind()),
-            Some(OutcomeKind::Completed)
+        assert!(
+            matches!(handle.snapshot().outcome, Some(Outcome::Completed)),
+            "{:?}",
+            handle.snapshot().outcome
         );
     })
     .await;

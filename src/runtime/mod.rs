@@ -20,7 +20,6 @@ pub use self::events::{Change, Event, Events};
 pub use self::group::{GroupEvents, GroupReport, StopOrder, Stuck, TaskGroup, TaskReport};
 pub use self::handle::{Handle, Settling, TaskObserver, TaskSnapshot, WeakHandle};
 pub use self::unit::{Progress, RunContext, RunExit, Unit};
-pub use crate::outcome::OutcomeKind;
 /// What caused a change: a command, or a run's (or a check's) report.
 pub use crate::table::Input;
 
