@@ -103,7 +103,7 @@ edit() {
 # cfg in release mode).
 suite_label() {
   case $1 in
-    loom\ *) echo "\`cargo test --release --test loom ${1#loom } (cfg taskstage_loom)\`" ;;
+    loom\ *) echo "\`cargo test --release --test loom ${1#loom } (loom-tests/, cfg taskstage_loom)\`" ;;
     *) echo "\`cargo test $1\`" ;;
   esac
 }
@@ -114,7 +114,7 @@ suite_cmd() { # MODE SUITE
   case $suite in
     loom\ *)
       CMD=(env RUSTFLAGS="--cfg taskstage_loom" CARGO_TARGET_DIR="$LOOM_TARGET_DIR"
-        cargo test --release --test loom)
+        cargo test --release --manifest-path loom-tests/Cargo.toml --test loom)
       if [[ $mode == build ]]; then
         CMD+=(--no-run)
       else

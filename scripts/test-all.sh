@@ -111,7 +111,8 @@ set -m
 lanes+=($!)
 (
   RUSTFLAGS="--cfg taskstage_loom" CARGO_TARGET_DIR=target/loom \
-    nice -n 19 cargo test --release --test loom -- --test-threads=2 --nocapture
+    nice -n 19 cargo test --release --manifest-path loom-tests/Cargo.toml --test loom \
+      -- --test-threads=1 --nocapture
 ) >"$logs/loom" 2>&1 &
 lanes+=($!)
 set +m
