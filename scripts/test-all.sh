@@ -46,9 +46,13 @@ cargo test --all-targets --all-features --no-run --message-format=json-render-di
 #    and their comments say why).
 # Every suite runs; the script fails if any failed, after printing each lane's output.
 #
-# The suites of the main lane: every other one is the side lane's.
+# The suites of the main lane: every other one is the side lane's. The cluster's
+# model checker (no clock: a search of every state, one core) runs here too, where
+# it balances the two lanes (the side lane's compile-fail proofs build the crate's
+# dependencies again); the suites of one lane run one at a time.
 realtime=(
   tests/cli.rs
+  tests/cluster_model.rs
   tests/cluster_etcd.rs
   tests/cluster_faults.rs
   tests/cluster_handover.rs
