@@ -13,12 +13,27 @@
 //!   open `GET /v1/events` stream, against the same Paused arriving on
 //!   `Handle::events` (p50 and p99 over 200 pauses).
 //!
+//! With feature `etcd`, the two list figures again for a cluster (`Api::cluster`):
+//! 10,000 tasks created through a `Controller` on the in-memory store
+//! (`MemoryCoordinator`), run by two `Worker`s in the same process until every task
+//! is observed Running (so that each item has its owner, token and observed stage);
+//! the API's controller reads the store through a wrapper that counts its `list`
+//! calls:
+//!
+//! - **list (cluster)**: `GET /v1/tasks?limit=10000`, against `Controller::list` (the
+//!   store read of every task that the API does not make per request);
+//! - **50 clients (cluster)**: as above, p50 and p99, and the store lists made while
+//!   the clients ran, beside the wake-ups of the API's watch (expected: no list but
+//!   the watch's, which reads the store when it changes and once in 10 s without a
+//!   change).
+//!
 //! The requests go through the router in process (`tower::ServiceExt::oneshot`),
 //! without a socket: the figures are the API's own cost. Under `cargo bench` it uses
-//! 10,000 tasks and ends with one line:
+//! 10,000 tasks and ends with one line (two with feature `etcd`):
 //!
 //! ```text
 //! http tasks=10000 list_p50_ms=… list_p99_ms=… stream_p50_ms=… stream_p99_ms=… events_p50_ms=… events_p99_ms=…
+//! http_cluster tasks=10000 workers=2 list_p50_ms=… list_p99_ms=… requests=1000 store_lists=… watch_wakeups=… run_s=…
 //! ```
 //!
 //! Under `cargo test` it runs each benchmark once on 200 tasks, and checks every
@@ -147,9 +162,17 @@ fn pause_over_http(c: &mut Criterion, served: &Served) {
     group.finish();
 }
 
+/// `GET /v1/tasks` of every task: the whole answer, as bytes.
+fn get_all(runtime: &Runtime, router: &Router, count: usize) -> axum::body::Bytes {
+    runtime.block_on(async {
+        let (status, body) = call(router, "GET", &format!("/v1/tasks?limit={count}")).await;
+        assert_eq!(status, StatusCode::OK);
+        body
+    })
+}
+
 fn list(c: &mut Criterion, served: &Served) {
     let count = tasks();
-    let uri = format!("/v1/tasks?limit={count}");
     let mut group = c.benchmark_group("http_list");
     group.sample_size(20);
     group.bench_function("snapshots_direct", |b| {
@@ -160,13 +183,7 @@ fn list(c: &mut Criterion, served: &Served) {
         })
     });
     group.bench_function("get_v1_tasks", |b| {
-        b.iter(|| {
-            served.runtime.block_on(async {
-                let (status, body) = call(&served.router, "GET", &uri).await;
-                assert_eq!(status, StatusCode::OK);
-                body
-            })
-        })
+        b.iter(|| get_all(&served.runtime, &served.router, count))
     });
     group.finish();
 }
@@ -181,14 +198,23 @@ fn ms(d: Duration) -> f64 {
 }
 
 /// 50 clients at once, 20 requests each (2 × 2 under `cargo test`).
-fn concurrent_lists(served: &Served) -> (Duration, Duration) {
+fn clients() -> (usize, usize) {
+    if benching() {
+        (50, 20)
+    } else {
+        (2, 2)
+    }
+}
+
+/// Every client's requests at once: the p50 and p99 of one request.
+fn concurrent_lists(runtime: &Runtime, router: &Router) -> (Duration, Duration) {
     let count = tasks();
-    let (clients, each) = if benching() { (50, 20) } else { (2, 2) };
+    let (clients, each) = clients();
     let uri = format!("/v1/tasks?limit={count}");
-    let mut samples = served.runtime.block_on(async {
+    let mut samples = runtime.block_on(async {
         let mut clients_set = tokio::task::JoinSet::new();
         for _ in 0..clients {
-            let (router, uri) = (served.router.clone(), uri.clone());
+            let (router, uri) = (router.clone(), uri.clone());
             clients_set.spawn(async move {
                 let mut took = Vec::new();
                 for _ in 0..each {
@@ -281,7 +307,7 @@ fn benches(c: &mut Criterion) {
     let served = serve(tasks());
     pause_over_http(c, &served);
     list(c, &served);
-    let (list_p50, list_p99) = concurrent_lists(&served);
+    let (list_p50, list_p99) = concurrent_lists(&served.runtime, &served.router);
     let ((stream_p50, stream_p99), (events_p50, events_p99)) = change_to_stream(&served);
     println!(
         "http tasks={} list_p50_ms={:.2} list_p99_ms={:.2} stream_p50_ms={:.3} \
@@ -304,6 +330,283 @@ fn benches(c: &mut Criterion) {
             "every task stops: {report:?}"
         );
     });
+    // Gone before the cluster is set up: the two do not share the machine.
+    drop(served);
+    #[cfg(feature = "etcd")]
+    cluster::benches(c);
+}
+
+/// The list figures for a cluster (feature `etcd`): see the file's docs.
+#[cfg(feature = "etcd")]
+mod cluster {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use axum::http::StatusCode;
+    use axum::Router;
+    use criterion::Criterion;
+    use taskstage::cluster::{
+        BoxFuture, ClusterError, Controller, Coordinator, DesiredStage, Grant, KeepAlive, Listing,
+        MemoryCoordinator, Txn, TxnResult, WatchStream, Worker,
+    };
+    use taskstage::http::{Api, Auth};
+    use taskstage::{Stage, Task};
+    use tokio::runtime::Runtime;
+
+    use super::http_common::{Live, Probe};
+    use super::{benching, call, clients, concurrent_lists, get_all, ms, tasks};
+
+    const PREFIX: &str = "bench";
+    const WORKERS: usize = 2;
+
+    /// The store as the API's controller sees it: every `list` is counted, and every
+    /// return of `wait_change` (the API's watch waking, on a change or after its
+    /// 10 s without one; it lists the store next); every call passed on as it is.
+    struct CountingLists {
+        store: MemoryCoordinator,
+        lists: Arc<AtomicUsize>,
+        wakeups: Arc<AtomicUsize>,
+    }
+
+    impl Coordinator for CountingLists {
+        fn grant(&self, ttl: Duration) -> BoxFuture<'_, Result<Grant, ClusterError>> {
+            self.store.grant(ttl)
+        }
+
+        fn keep_alive(&self, lease: i64) -> BoxFuture<'_, Result<KeepAlive, ClusterError>> {
+            self.store.keep_alive(lease)
+        }
+
+        fn revoke(&self, lease: i64) -> BoxFuture<'_, Result<(), ClusterError>> {
+            self.store.revoke(lease)
+        }
+
+        fn list(&self, prefix: String) -> BoxFuture<'_, Result<Listing, ClusterError>> {
+            self.lists.fetch_add(1, Ordering::SeqCst);
+            self.store.list(prefix)
+        }
+
+        fn txn(&self, txn: Txn) -> BoxFuture<'_, Result<TxnResult, ClusterError>> {
+            self.store.txn(txn)
+        }
+
+        fn watch(
+            &self,
+            prefix: String,
+            from: i64,
+        ) -> BoxFuture<'_, Result<WatchStream, ClusterError>> {
+            self.store.watch(prefix, from)
+        }
+
+        fn wait_change(
+            &self,
+            prefix: String,
+            after: i64,
+            timeout: Duration,
+        ) -> BoxFuture<'_, Result<(), ClusterError>> {
+            Box::pin(async move {
+                let answer = self.store.wait_change(prefix, after, timeout).await;
+                self.wakeups.fetch_add(1, Ordering::SeqCst);
+                answer
+            })
+        }
+    }
+
+    struct Cluster {
+        runtime: Runtime,
+        /// On the store itself, not counted: the set-up's reads and the baseline.
+        controller: Controller,
+        workers: Vec<Worker>,
+        router: Router,
+        /// The store lists of the API's controller.
+        lists: Arc<AtomicUsize>,
+        /// The wake-ups of the API's watch.
+        wakeups: Arc<AtomicUsize>,
+    }
+
+    /// Every task observed Running under its owner, read from the store.
+    async fn running(controller: &Controller) -> usize {
+        controller
+            .list()
+            .await
+            .expect("a list")
+            .iter()
+            .filter(|s| {
+                s.owner.is_some()
+                    && s.answers(s.desired_revision)
+                    && s.current_observed().map(|o| o.stage) == Some(Stage::Running)
+            })
+            .count()
+    }
+
+    /// Every item of the API's listing Running, with its owner and token.
+    async fn listed_running(router: &Router, count: usize) -> usize {
+        let (status, body) = call(router, "GET", &format!("/v1/tasks?limit={count}")).await;
+        if status != StatusCode::OK {
+            return 0;
+        }
+        let value: serde_json::Value = serde_json::from_slice(&body).expect("a JSON answer");
+        value["items"].as_array().map_or(0, |items| {
+            items
+                .iter()
+                .filter(|i| {
+                    i["stage"] == "Running" && i["owner"].is_string() && i["token"].is_i64()
+                })
+                .count()
+        })
+    }
+
+    fn serve(count: usize) -> Cluster {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        let (controller, workers, router, lists, wakeups) = runtime.block_on(async {
+            let store = MemoryCoordinator::new();
+            let controller = Controller::new(store.clone(), PREFIX).expect("a controller");
+            for i in 0..count {
+                controller
+                    .create(&format!("t{i:05}"), Vec::new(), DesiredStage::Running)
+                    .await
+                    .expect("created");
+            }
+            let live = Live::default();
+            let mut workers = Vec::new();
+            for w in 1..=WORKERS {
+                let live = live.clone();
+                let worker = Worker::builder(store.clone(), PREFIX, format!("worker-{w}"))
+                    // Either may hold every task: the split is the workers' own.
+                    .capacity(count)
+                    .join(move |spec| {
+                        Ok(Task::builder(spec.task.as_str()).unit(Probe {
+                            live: live.clone(),
+                            hold: None,
+                        }))
+                    })
+                    .await
+                    .expect("the worker joins");
+                workers.push(worker);
+            }
+            let started = Instant::now();
+            let bound = Duration::from_secs(if benching() { 300 } else { 60 });
+            // Bounded: `bound`, then the assertion fails.
+            loop {
+                let running = running(&controller).await;
+                if running == count {
+                    break;
+                }
+                assert!(
+                    started.elapsed() < bound,
+                    "{running} of {count} tasks observed Running after {bound:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            let lists = Arc::new(AtomicUsize::new(0));
+            let wakeups = Arc::new(AtomicUsize::new(0));
+            let counted = CountingLists {
+                store,
+                lists: Arc::clone(&lists),
+                wakeups: Arc::clone(&wakeups),
+            };
+            let api = Controller::new(counted, PREFIX).expect("a controller");
+            // No token: the figures are the API's, not a comparison of strings.
+            let router = Api::cluster(api).auth(Auth::open()).router();
+            // Bounded: 30 s, then the assertion fails.
+            loop {
+                let listed = listed_running(&router, count).await;
+                if listed == count {
+                    break;
+                }
+                assert!(
+                    started.elapsed() < bound + Duration::from_secs(30),
+                    "{listed} of {count} tasks listed Running by the API"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            println!(
+                "http_cluster set-up: {count} tasks running on {WORKERS} workers ({}) in {:.1} s",
+                workers
+                    .iter()
+                    .map(|w| w.tasks().len().to_string())
+                    .collect::<Vec<_>>()
+                    .join(" + "),
+                started.elapsed().as_secs_f64()
+            );
+            (controller, workers, router, lists, wakeups)
+        });
+        Cluster {
+            runtime,
+            controller,
+            workers,
+            router,
+            lists,
+            wakeups,
+        }
+    }
+
+    fn list(c: &mut Criterion, cluster: &Cluster) {
+        let count = tasks();
+        let mut group = c.benchmark_group("http_list_cluster");
+        group.sample_size(20);
+        group.bench_function("controller_list", |b| {
+            b.iter(|| {
+                cluster.runtime.block_on(async {
+                    let list = cluster.controller.list().await.expect("a list");
+                    assert_eq!(list.len(), count);
+                    list
+                })
+            })
+        });
+        group.bench_function("get_v1_tasks", |b| {
+            b.iter(|| get_all(&cluster.runtime, &cluster.router, count))
+        });
+        group.finish();
+    }
+
+    pub(super) fn benches(c: &mut Criterion) {
+        let count = tasks();
+        let cluster = serve(count);
+        list(c, &cluster);
+        let (clients, each) = clients();
+        let requests = clients * each;
+        let lists_before = cluster.lists.load(Ordering::SeqCst);
+        let wakeups_before = cluster.wakeups.load(Ordering::SeqCst);
+        let started = Instant::now();
+        let (list_p50, list_p99) = concurrent_lists(&cluster.runtime, &cluster.router);
+        let took = started.elapsed();
+        let lists = cluster.lists.load(Ordering::SeqCst) - lists_before;
+        let wakeups = cluster.wakeups.load(Ordering::SeqCst) - wakeups_before;
+        println!(
+            "http_cluster tasks={count} workers={WORKERS} list_p50_ms={:.2} list_p99_ms={:.2} \
+             requests={requests} store_lists={lists} watch_wakeups={wakeups} run_s={:.2}",
+            ms(list_p50),
+            ms(list_p99),
+            took.as_secs_f64()
+        );
+        // Nothing changed in the store meanwhile: the watch wakes (and lists the
+        // store) only once its 10 s wait runs out, whatever the requests; a list
+        // more than its wake-ups (one may fall just before the run) is a request's.
+        let relists = usize::try_from(took.as_secs() / 10).unwrap_or(usize::MAX);
+        assert!(
+            lists <= 1 + wakeups.min(relists + 1),
+            "{lists} store lists ({wakeups} wake-ups of the watch) for {requests} requests \
+             in {took:?}: a listing read the store"
+        );
+        let Cluster {
+            runtime,
+            workers,
+            router,
+            ..
+        } = cluster;
+        drop(router);
+        runtime.block_on(async {
+            for worker in workers {
+                worker.shutdown().await.expect("the worker shuts down");
+            }
+        });
+    }
 }
 
 criterion_group!(http, benches);
