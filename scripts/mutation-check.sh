@@ -1412,9 +1412,9 @@ m100() {
   MUTANT="a task being handed over is released while its run may still be alive (Pausing)"
   SUITE="--features etcd --lib cluster::decide"
   edit src/cluster/decide.rs <<'EOF'
-    if handing_over && matches!(local.stage, Stage::New | Stage::Paused) {
+    let at_rest = matches!(local.stage, Stage::New | Stage::Paused);
 @@@@
-    if handing_over && matches!(local.stage, Stage::New | Stage::Paused | Stage::Pausing) {
+    let at_rest = matches!(local.stage, Stage::New | Stage::Paused | Stage::Pausing);
 EOF
 }
 
@@ -2179,6 +2179,28 @@ m209() {
         if before == Some(&item) {
 @@@@
         if before.is_some() {
+EOF
+}
+
+m221() {
+  WHERE="cluster/worker/reconcile.rs: Reconciler::step, Hand"
+  MUTANT="a hand-over releases the key without the report of its rest: the old owner's report of a live run stands with no owner"
+  SUITE="--all-features --test cluster_handover"
+  edit src/cluster/worker/reconcile.rs <<'EOF'
+                if let Some((observed, value)) = &rest {
+@@@@
+                if let Some((observed, value)) = rest.as_ref().filter(|_| false) {
+EOF
+}
+
+m222() {
+  WHERE="cluster/decide.rs: decide, hand-over"
+  MUTANT="a hand-over publishes its Pausing again: one more store write between the old run's end and the new one's start"
+  SUITE="--all-features --lib cluster::decide"
+  edit src/cluster/decide.rs <<'EOF'
+            Stage::Pausing if handing_over => None,
+@@@@
+            Stage::Pausing if handing_over => Some(Action::Publish(report)),
 EOF
 }
 

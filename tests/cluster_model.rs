@@ -20,7 +20,9 @@
 //! ignored (`Entry::apply`), so a duplicate or a late change changes nothing. A
 //! worker also holds the hand-over flag of its fair share: a step sets it while the
 //! worker holds the task, and `Action::Yield` pauses the run and marks the task
-//! yielded until the next resume, as `reconcile.rs` does.
+//! yielded until the next resume, as `reconcile.rs` does; its release carries the
+//! report of its rest in the same write (`Action::Hand`), which every watch
+//! delivers as one change, as etcd never splits the events of one revision.
 //!
 //! Faults, each within a budget and only before `t_fault`: a worker crash (its run
 //! dies with it; it may join again under a new lease), lost keep-alive requests or
@@ -174,6 +176,9 @@ enum Change {
     Desired(DesiredStage, i64),
     Owner(Option<Owner>, i64),
     Observed(Observed, i64),
+    /// A hand-over's one write: the rest reported and the owner key deleted, at
+    /// one revision (a watch never splits the events of one revision).
+    Handed(Observed, i64),
 }
 
 /// A worker's cache of the task's keys: fed only by its watch, its re-lists and
@@ -207,6 +212,10 @@ impl Cache {
             Change::Desired(stage, rev) => self.desired.apply(Some(stage), rev, rule),
             Change::Owner(owner, rev) => self.owner.apply(owner, rev, rule),
             Change::Observed(observed, rev) => self.observed.apply(Some(observed), rev, rule),
+            Change::Handed(observed, rev) => {
+                self.observed.apply(Some(observed), rev, rule);
+                self.owner.apply(None, rev, rule);
+            }
         }
     }
 
@@ -243,6 +252,8 @@ enum Write {
     Confirm,
     Publish(ReportKey),
     Release,
+    /// A hand-over: the rest reported and the key released, in one write.
+    Hand(ReportKey),
     Checkpoint,
 }
 
@@ -579,7 +590,15 @@ impl Cfg {
                     s.stale_accepted = true;
                 }
                 match fenced {
-                    Write::Publish(report) => match msg.token {
+                    Write::Release => {
+                        s.rev += 1;
+                        s.owner = None;
+                        if s.workers[usize::from(msg.worker)].hand_over {
+                            s.handed_over = true;
+                        }
+                        Some(Change::Owner(None, s.rev))
+                    }
+                    Write::Publish(report) | Write::Hand(report) => match msg.token {
                         Some(token) => {
                             s.rev += 1;
                             let observed = Observed {
@@ -589,18 +608,16 @@ impl Cfg {
                             };
                             s.observed = Some(observed);
                             s.observed_rev = s.rev;
-                            Some(Change::Observed(observed, s.rev))
+                            if matches!(fenced, Write::Hand(_)) {
+                                s.owner = None;
+                                s.handed_over = true;
+                                Some(Change::Handed(observed, s.rev))
+                            } else {
+                                Some(Change::Observed(observed, s.rev))
+                            }
                         }
                         None => None,
                     },
-                    Write::Release => {
-                        s.rev += 1;
-                        s.owner = None;
-                        if s.workers[usize::from(msg.worker)].hand_over {
-                            s.handed_over = true;
-                        }
-                        Some(Change::Owner(None, s.rev))
-                    }
                     _ => None,
                 }
             }
@@ -880,6 +897,11 @@ impl Model for Cfg {
                         wk.releasing = true;
                         wk.pending = Some(send(wk.token, Write::Release));
                     }
+                    Action::Hand(report) => {
+                        wk.rest_sent = Some(report.desired_revision);
+                        wk.releasing = true;
+                        wk.pending = Some(send(wk.token, Write::Hand(ReportKey::of(report))));
+                    }
                 }
             }
             Step::Deliver(w) => {
@@ -902,11 +924,11 @@ impl Model for Cfg {
                     (Write::Claim { .. }, Ok(Some(Change::Owner(Some(o), _)))) => {
                         wk.token = Some(o.create_rev)
                     }
-                    (Write::Release, Ok(_)) => wk.forget(),
+                    (Write::Release | Write::Hand(_), Ok(_)) => wk.forget(),
                     (Write::Claim { .. }, _) => {}
                     (Write::Confirm, Ok(_)) => wk.token = msg.token,
                     (Write::Confirm, Err(())) => wk.dead = msg.token,
-                    (Write::Publish(_) | Write::Release, Err(())) => {
+                    (Write::Publish(_) | Write::Release | Write::Hand(_), Err(())) => {
                         wk.fence_rejected = true;
                         wk.dead = msg.token;
                     }

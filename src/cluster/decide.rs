@@ -29,17 +29,20 @@
 //!    this worker's is dropped and built again, not kept Stopped under a desired
 //!    stage that asks for more (the stateright model found this one).
 //! 6. **A hand-over is a pause, then a release.** A task handed over to another
-//!    worker (fair shares) is paused locally until its run has really returned,
-//!    that is published, and only then is the owner key released; a task whose
-//!    run failed is not handed over (its failure is the answer, invariant 4). Once
-//!    its rest is published for the current desired revision, the hand-over is
-//!    carried through even if it is given up: resuming under that report would
-//!    leave a rest report standing while a run is alive; and once a release was
-//!    sent, the worker hands the task over whatever happens (a release whose
-//!    answer was lost may still land, and another worker start the task). The
-//!    stateright model found both.
+//!    worker (fair shares) is paused locally until its run has really returned;
+//!    only then is the owner key released, in one fenced write with the report of
+//!    that rest ([`Action::Hand`]), so the store never shows the key gone beside a
+//!    report of a live run, nor a rest report beside a key still held. The Pausing
+//!    of a hand-over is not published: it would only lag the truth, and each write
+//!    on the way lengthens the time the task runs nowhere. A task whose run failed
+//!    is not handed over (its failure is the answer, invariant 4). Once its rest is
+//!    published for the current desired revision, the hand-over is carried through
+//!    even if it is given up: resuming under that report would leave a rest report
+//!    standing while a run is alive; and once a release was sent, the worker hands
+//!    the task over whatever happens (a release whose answer was lost may still
+//!    land, and another worker start the task). The stateright model found both.
 //! 7. **A drain hands everything over.** A draining worker claims nothing, and hands
-//!    every task it holds over by the same pause, publish, release as invariant 6,
+//!    every task it holds over by the same pause, then release, as invariant 6,
 //!    a task whose run failed included (a drain is a shutdown that stays alive: the
 //!    new owner runs it for the desired stage, as after a shutdown). A task desired
 //!    Stopped is not handed over: it stops where it is and its key is released.
@@ -154,8 +157,11 @@ pub enum Action {
     /// Publish this report through a fenced write.
     Publish(Report),
     /// Delete the owner key through a fenced write: the task is terminal and its
-    /// terminal status is published.
+    /// terminal status is published, or it is handed over and its rest is.
     Release,
+    /// Hand the task over: publish this report of its rest and delete the owner
+    /// key, in one fenced write (invariant 6).
+    Hand(Report),
 }
 
 /// When an owner must begin stopping its runs, given when its last answered
@@ -282,14 +288,20 @@ pub fn decide(view: &TaskView) -> Option<Action> {
         generation: local.generation,
         desired_revision: revision,
     };
+    // Invariant 6: released only once no run is alive, with the report of that.
+    let at_rest = matches!(local.stage, Stage::New | Stage::Paused);
     if view.published != Some(report) {
-        return Some(Action::Publish(report));
+        return match local.stage {
+            _ if handing_over && at_rest => Some(Action::Hand(report)),
+            // A hand-over's Pausing only lags the truth: not published.
+            Stage::Pausing if handing_over => None,
+            _ => Some(Action::Publish(report)),
+        };
     }
     if local.stage.is_terminal() && desired.answered_by(local.stage, local.failed) {
         return Some(Action::Release);
     }
-    // Invariant 6: released only once no run is alive and that is published.
-    if handing_over && matches!(local.stage, Stage::New | Stage::Paused) {
+    if handing_over && at_rest {
         return Some(Action::Release);
     }
     None
@@ -498,10 +510,10 @@ mod tests {
         }
     }
 
-    /// Invariant 6: a hand-over pauses the run, publishes that, and only then
-    /// releases the key.
+    /// Invariant 6: a hand-over pauses the run, and only once it returned releases
+    /// the key, with the report of its rest in the same write.
     #[test]
-    fn a_hand_over_pauses_publishes_then_releases() {
+    fn a_hand_over_pauses_then_releases_with_its_rest() {
         let mut v = view();
         v.hand_over = true;
         v.local = local(Stage::Running);
@@ -519,8 +531,15 @@ mod tests {
             generation: 1,
             desired_revision: 10,
         };
-        assert_eq!(decide(&v), Some(Action::Publish(pausing)));
-        v.published = Some(pausing);
+        assert_eq!(
+            decide(&v),
+            None,
+            "a hand-over's Pausing is not published, nor the key released"
+        );
+        v.published = Some(Report {
+            stage: Stage::Running,
+            ..pausing
+        });
         assert_eq!(decide(&v), None, "released while the run may be alive");
         v.local = local(Stage::Paused);
         let paused = Report {
@@ -529,9 +548,10 @@ mod tests {
         };
         assert_eq!(
             decide(&v),
-            Some(Action::Publish(paused)),
-            "released unpublished"
+            Some(Action::Hand(paused)),
+            "the rest and the release go out together"
         );
+        // Its answer lost, or the rest already published (a pause): the release.
         v.published = Some(paused);
         assert_eq!(decide(&v), Some(Action::Release));
         // Given up once Paused is published for this revision: carried through, a
@@ -595,7 +615,8 @@ mod tests {
     }
 
     /// Invariant 7: a draining worker claims nothing, and hands over every task it
-    /// holds by pause, publish, release: a failed one too, a stopping one not.
+    /// holds by a pause, then the release with its rest: a failed one too, a stopping
+    /// one not.
     #[test]
     fn a_drain_claims_nothing_and_hands_everything_over() {
         let mut v = view();
@@ -620,7 +641,7 @@ mod tests {
             generation: 1,
             desired_revision: 10,
         };
-        assert_eq!(decide(&v), Some(Action::Publish(rest)));
+        assert_eq!(decide(&v), Some(Action::Hand(rest)));
         v.published = Some(rest);
         assert_eq!(decide(&v), Some(Action::Release));
 

@@ -95,8 +95,11 @@ enum Done {
         value: Vec<u8>,
         result: Result<i64, ClusterError>,
     },
+    /// The owner key deleted; with the report of the task's rest put in the same
+    /// write when it was handed over (`Action::Hand`).
     Released {
         key: String,
+        rest: Option<(String, Vec<u8>)>,
         result: Result<i64, ClusterError>,
     },
 }
@@ -664,7 +667,11 @@ impl Reconciler {
                         let ops = vec![Op::Delete { key: key.clone() }];
                         self.start(task, async move {
                             let result = fencer.fenced(ops).await;
-                            Done::Released { key, result }
+                            Done::Released {
+                                key,
+                                rest: None,
+                                result,
+                            }
                         });
                     }
                 }
@@ -715,29 +722,12 @@ impl Reconciler {
                 self.forget(task);
             }
             Action::Publish(report) => {
-                let Some(slot) = self.slots.get(task) else {
+                let Some((key, value)) = self.report(task, report) else {
                     return;
                 };
-                let Some(running) = slot.task.as_ref() else {
+                let Some(running) = self.running(task) else {
                     return;
                 };
-                let snapshot = running.handle.snapshot();
-                let status = ObservedStatus {
-                    stage: report.stage,
-                    generation: report.generation,
-                    outcome: ObservedOutcome::from_outcome(snapshot.outcome.as_ref()),
-                    desired_revision: report.desired_revision,
-                    owner: inner.id.clone(),
-                    owner_revision: slot.token.revision,
-                };
-                if report.stage.is_at_rest() {
-                    self.sent_about(task, |sent| sent.rest = Some(report.desired_revision));
-                }
-                let Some(running) = self.slots.get(task).and_then(|s| s.task.as_ref()) else {
-                    return;
-                };
-                let key = inner.keys.observed(task);
-                let value = status.encode();
                 let ops = vec![Op::Put {
                     key: key.clone(),
                     value: value.clone(),
@@ -749,7 +739,17 @@ impl Reconciler {
                     Done::Published { key, value, result }
                 });
             }
-            Action::Release => {
+            Action::Release | Action::Hand(_) => {
+                // A hand-over's rest goes in the same write as the release: one
+                // store round trip, not two, between the run's end and the new
+                // owner's claim (decide, invariant 6).
+                let rest = match action {
+                    Action::Hand(report) => match self.report(task, report) {
+                        Some(rest) => Some(rest),
+                        None => return,
+                    },
+                    _ => None,
+                };
                 if self.running(task).is_none() {
                     return;
                 }
@@ -758,14 +758,42 @@ impl Reconciler {
                     return;
                 };
                 let key = inner.keys.owner(task);
-                let ops = vec![Op::Delete { key: key.clone() }];
+                let mut ops = Vec::with_capacity(2);
+                if let Some((observed, value)) = &rest {
+                    ops.push(Op::Put {
+                        key: observed.clone(),
+                        value: value.clone(),
+                        lease: None,
+                    });
+                }
+                ops.push(Op::Delete { key: key.clone() });
                 let fencer = running.control.clone();
                 self.start(task, async move {
                     let result = fencer.fenced(ops).await;
-                    Done::Released { key, result }
+                    Done::Released { key, rest, result }
                 });
             }
         }
+    }
+
+    /// The observed key of `task` and the encoded `report` to put there, recorded
+    /// as sent when it is a rest (decide, invariant 6); `None` when no run of the
+    /// task is held.
+    fn report(&mut self, task: &TaskId, report: Report) -> Option<(String, Vec<u8>)> {
+        let slot = self.slots.get(task)?;
+        let snapshot = slot.task.as_ref()?.handle.snapshot();
+        let status = ObservedStatus {
+            stage: report.stage,
+            generation: report.generation,
+            outcome: ObservedOutcome::from_outcome(snapshot.outcome.as_ref()),
+            desired_revision: report.desired_revision,
+            owner: self.inner.id.clone(),
+            owner_revision: slot.token.revision,
+        };
+        if report.stage.is_at_rest() {
+            self.sent_about(task, |sent| sent.rest = Some(report.desired_revision));
+        }
+        Some((self.inner.keys.observed(task), status.encode()))
     }
 
     /// Records something sent about `task` under the token of its slot.
@@ -920,10 +948,21 @@ impl Reconciler {
                     self.refused(&task, &error);
                 }
             },
-            Some(Done::Released { key, result }) => match result {
+            Some(Done::Released { key, rest, result }) => match result {
                 Ok(revision) => {
-                    tracing::info!(worker = %inner.id, %task, "released");
+                    tracing::info!(worker = %inner.id, %task, handed = rest.is_some(), "released");
                     self.forget(&task);
+                    if let Some((observed, value)) = rest {
+                        let kv = KeyValue {
+                            key: observed.clone(),
+                            value,
+                            create_revision: revision,
+                            mod_revision: revision,
+                            lease: 0,
+                        };
+                        let changes = self.view.own_write(observed, Some(kv), revision);
+                        self.changed(changes);
+                    }
                     let changes = self.view.own_write(key, None, revision);
                     self.changed(changes);
                     self.rebalance_due = true;
