@@ -2204,6 +2204,17 @@ m222() {
 EOF
 }
 
+m225() {
+  WHERE="outcome.rs: Outcome::error"
+  MUTANT="a failed run's outcome carries no error: the worker takes the failure for a pause and runs the task again for the same desired revision"
+  SUITE="--all-features --test cluster_promises a_failed_run"
+  edit src/outcome.rs <<'EOF'
+            Outcome::Failed(error) => Some(error),
+@@@@
+            Outcome::Failed(_) => None,
+EOF
+}
+
 ALL=$(declare -F | awk '$3 ~ /^m[0-9]+$/ { print substr($3, 2) }' | sort -n | tr '\n' ' ')
 SELECTED=${MUTANTS:-$ALL}
 for n in $SELECTED; do

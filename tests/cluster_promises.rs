@@ -2365,3 +2365,79 @@ async fn a_clean_shutdown_hands_each_task_over_as_soon_as_its_run_is_gone() {
     .await;
     w2.shutdown().await.expect("w2 shuts down");
 }
+
+/// A unit whose every run fails at once, counting its runs.
+struct FailsAtOnce(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Unit for FailsAtOnce {
+    async fn run(&mut self, _ctx: RunContext) -> Result<RunExit, RunError> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Err(RunError::msg("the source table is gone"))
+    }
+}
+
+/// A failed run is the answer to its desired revision (decide, invariant 4): the
+/// worker reports the failure and does not run the task again for that revision,
+/// however many passes go by; a new desired revision is a new chance.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_failed_run_is_its_answer_and_is_not_run_again_for_the_same_revision() {
+    let store = MemoryCoordinator::new();
+    let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = Arc::clone(&runs);
+    let worker = Worker::builder(store.clone(), "fails", "w1")
+        .lease_keeping(LeaseKeeping::SharedRuntime)
+        .ttl(RESTORE_TTL)
+        .stop_bound(Duration::from_millis(600))
+        .resync(Duration::from_millis(200))
+        .join(move |spec| {
+            Ok(Task::builder(spec.task.as_str()).unit(FailsAtOnce(Arc::clone(&counted))))
+        })
+        .await
+        .expect("join");
+    let controller = Controller::new(store.clone(), "fails").expect("a controller");
+    controller
+        .create("f", Vec::new(), DesiredStage::Running)
+        .await
+        .expect("create");
+    // Answered by the failure (a resume would write a new desired revision).
+    let end = Instant::now() + Duration::from_secs(10);
+    loop {
+        let status = controller.status("f").await.expect("status");
+        let failed = status
+            .current_observed()
+            .is_some_and(|o| o.outcome.is_failed() && o.stage == Stage::Paused);
+        if failed && status.answers(status.desired_revision) {
+            break;
+        }
+        assert!(Instant::now() < end, "no failure answered: {status:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Fifty passes of the worker.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "the failed task was run again for the same desired revision"
+    );
+    let status = controller.status("f").await.expect("status");
+    assert!(
+        status.answers(status.desired_revision),
+        "the failure no longer answers: {status:?}"
+    );
+    // A new desired revision (the resume's own write) runs it again, once.
+    let answer = controller
+        .resume_within("f", Duration::from_secs(10))
+        .await
+        .expect("the second failure answers the resume");
+    assert!(
+        answer.outcome.is_failed() && answer.stage == Stage::Paused,
+        "not answered by the failure: {answer:?}"
+    );
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        2,
+        "not run exactly once for the second desired revision"
+    );
+    worker.shutdown().await.expect("shutdown");
+}
