@@ -2204,6 +2204,28 @@ m222() {
 EOF
 }
 
+m223() {
+  WHERE="http/listing.rs: Listing::reusing"
+  MUTANT="a new listing serializes every item again, the text of the unchanged ones included"
+  SUITE="--features http --lib http::listing"
+  edit src/http/listing.rs <<'EOF'
+            match reuse(i) {
+@@@@
+            match reuse(i).filter(|_| false) {
+EOF
+}
+
+m224() {
+  WHERE="http/listing.rs: Listing::page"
+  MUTANT="a page of consecutive items starts one item after its offset"
+  SUITE="--features http --test http_api the_list_filters_pages"
+  edit src/http/listing.rs <<'EOF'
+                    self.bounds.get(first),
+@@@@
+                    self.bounds.get(first + 1),
+EOF
+}
+
 m225() {
   WHERE="outcome.rs: Outcome::error"
   MUTANT="a failed run's outcome carries no error: the worker takes the failure for a pause and runs the task again for the same desired revision"

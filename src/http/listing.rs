@@ -170,6 +170,14 @@ mod tests {
             (i == 0).then(|| listing.text_of(0)).flatten()
         });
         assert_eq!(again.text_of(0), listing.text_of(0));
+        // A reused text is taken as it is, not serialized again.
+        let kept: &[u8] = br#"{"id":"a","kept":true}"#;
+        let reused = Listing::reusing(vec![item("a")], |_| Some(kept));
+        assert_eq!(
+            reused.text_of(0),
+            Some(kept),
+            "the reused text was not kept"
+        );
         let parsed: serde_json::Value =
             serde_json::from_slice(again.text_of(1).expect("a text")).expect("JSON");
         assert_eq!(parsed["id"], "x");
