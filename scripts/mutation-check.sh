@@ -2228,7 +2228,7 @@ EOF
 
 m225() {
   WHERE="outcome.rs: Outcome::error"
-  MUTANT="a failed run's outcome carries no error: the worker takes the failure for a pause and runs the task again for the same desired revision"
+  MUTANT="a failed run's outcome carries no error: the worker's report never matches what it reads back, and it publishes in a loop"
   SUITE="--all-features --test cluster_promises a_failed_run"
   edit src/outcome.rs <<'EOF'
             Outcome::Failed(error) => Some(error),
