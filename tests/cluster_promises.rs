@@ -1307,6 +1307,29 @@ impl Runs {
     }
 
     /// The highest token each task's runs were handed so far.
+    /// Asserts that no two runs of a task were ever alive at once, and that every
+    /// run started since the `since`-th start had a token above the highest one
+    /// `before` (a restore must not hand out lower tokens).
+    fn assert_one_live_and_tokens_above(
+        &self,
+        since: usize,
+        before: &std::collections::BTreeMap<String, i64>,
+    ) {
+        let state = self.state();
+        assert_eq!(
+            state.most, 1,
+            "two live runs of one task: {:?}",
+            state.overlaps
+        );
+        for (task, worker, token) in &state.starts[since..] {
+            assert!(
+                *token > before[task],
+                "{worker} ran {task} under token {token}, below {} handed out before the restore",
+                before[task]
+            );
+        }
+    }
+
     fn highest_tokens(&self) -> std::collections::BTreeMap<String, i64> {
         let mut highest = std::collections::BTreeMap::new();
         for (task, _, token) in &self.state().starts {
@@ -1529,21 +1552,7 @@ async fn restore_from_a_backup(bump: i64, other_writes: usize) {
         "converged {:?} after the restore",
         restored.elapsed()
     );
-    {
-        let state = runs.state();
-        assert_eq!(
-            state.most, 1,
-            "two live runs of one task: {:?}",
-            state.overlaps
-        );
-        for (task, worker, token) in &state.starts[started_before..] {
-            assert!(
-                *token > before[task],
-                "{worker} ran {task} under token {token}, below {} handed out before the restore",
-                before[task]
-            );
-        }
-    }
+    runs.assert_one_live_and_tokens_above(started_before, &before);
     w2.shutdown().await.expect("w2 shuts down");
     w3.shutdown().await.expect("w3 shuts down");
 }
@@ -1835,21 +1844,7 @@ async fn a_worker_that_cannot_move_the_revision_on_does_not_end_until_it_has() {
         || (runs.live().len() == 3).then_some(()),
     )
     .await;
-    {
-        let state = runs.state();
-        assert_eq!(
-            state.most, 1,
-            "two live runs of one task: {:?}",
-            state.overlaps
-        );
-        for (task, worker, token) in &state.starts[started_before..] {
-            assert!(
-                *token > before[task],
-                "{worker} ran {task} under token {token}, below {} handed out before the restore",
-                before[task]
-            );
-        }
-    }
+    runs.assert_one_live_and_tokens_above(started_before, &before);
     w1.shutdown().await.expect("w1 shuts down");
 }
 
