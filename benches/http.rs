@@ -53,9 +53,9 @@ use axum::http::{Request, StatusCode};
 use axum::Router;
 use criterion::{criterion_group, Criterion};
 use http_body_util::BodyExt;
-use http_common::{Live, Probe, SseReader};
+use http_common::{running_probes, SseReader};
 use taskstage::http::{Api, Auth, LocalTasks};
-use taskstage::{Event, Handle, Stage, StopOrder, Task, TaskGroup};
+use taskstage::{Event, Handle, Stage, StopOrder, TaskGroup};
 use tokio::runtime::Runtime;
 use tower::ServiceExt;
 
@@ -85,21 +85,7 @@ fn serve(count: usize) -> Served {
         .build()
         .expect("a runtime");
     let (group, router) = runtime.block_on(async {
-        let mut group = TaskGroup::new();
-        for i in 0..count {
-            let probe = Probe {
-                live: Live::default(),
-                hold: None,
-            };
-            let handle = Task::builder(format!("t{i:05}"))
-                .unit(probe)
-                .spawn()
-                .expect("spawned");
-            group.add(handle);
-        }
-        for handle in group.tasks() {
-            handle.wait_for_stage(|s| s == Stage::Running).await;
-        }
+        let (group, _) = running_probes(count).await;
         let tasks = LocalTasks::from_group(&group);
         // No token: the figures are the API's, not a comparison of strings.
         let router = Api::local(&tasks).auth(Auth::open()).router();

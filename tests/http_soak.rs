@@ -30,9 +30,8 @@ use std::time::Duration;
 
 use axum::http::StatusCode;
 use axum::Router;
-use http_common::{call, Live, Probe, SseReader};
+use http_common::{call, running_probes, Live, SseReader};
 use taskstage::http::{Api, Auth, LocalTasks};
-use taskstage::{Stage, Task, TaskGroup};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
@@ -196,24 +195,7 @@ async fn commander(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_hundred_clients_for_a_minute_get_no_error_and_memory_stays_flat() {
     let length = duration();
-    let mut group = TaskGroup::new();
-    let mut lives = Vec::with_capacity(TASKS);
-    for i in 0..TASKS {
-        let live = Live::default();
-        let probe = Probe {
-            live: live.clone(),
-            hold: None,
-        };
-        let handle = Task::builder(format!("t{i:05}"))
-            .unit(probe)
-            .spawn()
-            .expect("spawned");
-        group.add(handle);
-        lives.push(live);
-    }
-    for handle in group.tasks() {
-        handle.wait_for_stage(|s| s == Stage::Running).await;
-    }
+    let (group, lives) = running_probes(TASKS).await;
     let tasks = LocalTasks::from_group(&group);
     let router = Api::local(&tasks)
         .auth(Auth::tokens().admin(ADMIN).read_only(READ))

@@ -10,7 +10,7 @@ use axum::http::{Request, StatusCode};
 use axum::Router;
 use http_body_util::BodyExt;
 use serde_json::Value;
-use taskstage::{RunContext, RunError, RunExit, Unit};
+use taskstage::{RunContext, RunError, RunExit, Stage, Task, TaskGroup, Unit};
 use tower::ServiceExt;
 
 /// Counts the runs alive: the count drops only when a run's future is dropped.
@@ -68,6 +68,30 @@ impl Unit for Probe {
         }
         Ok(RunExit::Cancelled)
     }
+}
+
+/// `count` probe tasks named `t00000`, `t00001`, …, in one group, each with its
+/// own [`Live`] count, returned once every one of them is Running.
+pub(crate) async fn running_probes(count: usize) -> (TaskGroup, Vec<Live>) {
+    let mut group = TaskGroup::new();
+    let mut lives = Vec::with_capacity(count);
+    for i in 0..count {
+        let live = Live::default();
+        let probe = Probe {
+            live: live.clone(),
+            hold: None,
+        };
+        let handle = Task::builder(format!("t{i:05}"))
+            .unit(probe)
+            .spawn()
+            .expect("spawned");
+        group.add(handle);
+        lives.push(live);
+    }
+    for handle in group.tasks() {
+        handle.wait_for_stage(|s| s == Stage::Running).await;
+    }
+    (group, lives)
 }
 
 /// One request through the router; the answer's status and JSON body (Null when
