@@ -45,6 +45,10 @@
 
 #[path = "../tests/http_common/mod.rs"]
 mod http_common;
+#[cfg(feature = "etcd")]
+#[macro_use]
+#[path = "../tests/support/pass_to_store.rs"]
+mod pass_to_store;
 
 use std::time::{Duration, Instant};
 
@@ -356,33 +360,11 @@ mod cluster {
     }
 
     impl Coordinator for CountingLists {
-        fn grant(&self, ttl: Duration) -> BoxFuture<'_, Result<Grant, ClusterError>> {
-            self.store.grant(ttl)
-        }
-
-        fn keep_alive(&self, lease: i64) -> BoxFuture<'_, Result<KeepAlive, ClusterError>> {
-            self.store.keep_alive(lease)
-        }
-
-        fn revoke(&self, lease: i64) -> BoxFuture<'_, Result<(), ClusterError>> {
-            self.store.revoke(lease)
-        }
+        pass_to_store!(grant, keep_alive, revoke, txn, watch);
 
         fn list(&self, prefix: String) -> BoxFuture<'_, Result<Listing, ClusterError>> {
             self.lists.fetch_add(1, Ordering::SeqCst);
             self.store.list(prefix)
-        }
-
-        fn txn(&self, txn: Txn) -> BoxFuture<'_, Result<TxnResult, ClusterError>> {
-            self.store.txn(txn)
-        }
-
-        fn watch(
-            &self,
-            prefix: String,
-            from: i64,
-        ) -> BoxFuture<'_, Result<WatchStream, ClusterError>> {
-            self.store.watch(prefix, from)
         }
 
         fn wait_change(

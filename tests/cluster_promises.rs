@@ -14,6 +14,9 @@
 )]
 
 mod cluster_support;
+#[macro_use]
+#[path = "support/pass_to_store.rs"]
+mod pass_to_store;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -25,57 +28,6 @@ use taskstage::cluster::{
 };
 use taskstage::{RunContext, RunError, RunExit, Stage, Task, Unit};
 use tokio::time::Instant;
-
-/// The methods of [`Coordinator`] that a test wrapper hands to its `store` as they
-/// are, named in any order: each wrapper writes out only what it changes.
-macro_rules! pass_to_store {
-    () => {};
-    (grant $(, $rest:ident)*) => {
-        fn grant(&self, ttl: Duration) -> BoxFuture<'_, Result<Grant, ClusterError>> {
-            self.store.grant(ttl)
-        }
-        pass_to_store!($($rest),*);
-    };
-    (keep_alive $(, $rest:ident)*) => {
-        fn keep_alive(&self, lease: i64) -> BoxFuture<'_, Result<KeepAlive, ClusterError>> {
-            self.store.keep_alive(lease)
-        }
-        pass_to_store!($($rest),*);
-    };
-    (revoke $(, $rest:ident)*) => {
-        fn revoke(&self, lease: i64) -> BoxFuture<'_, Result<(), ClusterError>> {
-            self.store.revoke(lease)
-        }
-        pass_to_store!($($rest),*);
-    };
-    (list $(, $rest:ident)*) => {
-        fn list(&self, prefix: String) -> BoxFuture<'_, Result<Listing, ClusterError>> {
-            self.store.list(prefix)
-        }
-        pass_to_store!($($rest),*);
-    };
-    (watch $(, $rest:ident)*) => {
-        fn watch(
-            &self,
-            prefix: String,
-            from: i64,
-        ) -> BoxFuture<'_, Result<WatchStream, ClusterError>> {
-            self.store.watch(prefix, from)
-        }
-        pass_to_store!($($rest),*);
-    };
-    (wait_change $(, $rest:ident)*) => {
-        fn wait_change(
-            &self,
-            prefix: String,
-            after: i64,
-            timeout: Duration,
-        ) -> BoxFuture<'_, Result<(), ClusterError>> {
-            self.store.wait_change(prefix, after, timeout)
-        }
-        pass_to_store!($($rest),*);
-    };
-}
 
 /// A run that waits for its cancellation.
 struct Wait;
