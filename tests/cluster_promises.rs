@@ -849,8 +849,12 @@ impl Coordinator for LostAnswer {
     fn txn(&self, txn: Txn) -> BoxFuture<'_, Result<TxnResult, ClusterError>> {
         Box::pin(async move {
             let fenced = !txn.when.is_empty();
+            // A release, alone or with the report of a hand-over's rest.
             let releases = fenced
-                && matches!(txn.then.as_slice(), [Op::Delete { key }] if key.ends_with("/owner"));
+                && txn
+                    .then
+                    .iter()
+                    .any(|op| matches!(op, Op::Delete { key } if key.ends_with("/owner")));
             if releases && self.armed.swap(false, Ordering::SeqCst) {
                 let kept = match self.landing {
                     Landing::Later => Some(txn),
@@ -887,9 +891,9 @@ impl Coordinator for LostAnswer {
 
 /// Once a hand-over's release was sent, the task is handed over whatever its answer:
 /// a release whose answer was lost may still land. w2 runs the task; w1 joins (the
-/// first member, so the task is its share) and w2 hands it over: it pauses it,
-/// reports Paused, and sends the release, whose answer never comes and which stays
-/// on its way. Before w2's deadline ends the call, w1 leaves (the task is w2's share
+/// first member, so the task is its share) and w2 hands it over: it pauses it and
+/// sends the release with its Paused report, whose answer never comes and which
+/// stays on its way. Before w2's deadline ends the call, w1 leaves (the task is w2's share
 /// again: the hand-over is given up) and the desired stage is written again (w2's
 /// Paused report no longer answers it). w2 must release all the same, not resume
 /// the task under the key it sent away: when that release lands, the key is gone,
