@@ -1315,6 +1315,60 @@ async fn a_restore_under_other_writers_costs_no_safety_and_every_task_answers() 
     }
 }
 
+// ---------------------------------------------------------------- create to first run
+
+/// How many tasks the create figure times, one after another.
+const TIMED_CREATES: usize = 40;
+
+/// Create → first run at the TTL users run, measured from outside: three worker
+/// processes (TTL 20 s) on a quiet cluster; each task is created, then the next
+/// once a run of it started. The time is from just before `Controller::create` was
+/// called to the instant the unit's run began, both on the machine's monotonic
+/// clock (the run's start is recorded by the worker process). A figure, not a
+/// bound: the test fails only if a task never runs or the checker fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn figures_create_to_first_run_at_the_ttl_users_run() {
+    let Some(cluster) = EtcdCluster::start_or_skip(3) else {
+        return;
+    };
+    let mut fleet = Fleet::new(&cluster, false).await;
+    let how = Spawn {
+        capacity: 64,
+        write_every: Duration::from_secs(1),
+        ttl: Some(ROLLING_TTL),
+        ..ONE
+    };
+    for id in ["w1", "w2", "w3"] {
+        fleet.spawn(id, how);
+        registered(&fleet, id).await;
+    }
+    let names: Vec<String> = (0..TIMED_CREATES).map(|i| format!("c{i:02}")).collect();
+    let mut took = Vec::new();
+    for task in &names {
+        let asked = now_ns();
+        create_running(&fleet, task).await;
+        fleet
+            .history_shows(LIVENESS, &format!("a run of {task}"), |h| {
+                h.first_start(task).is_some()
+            })
+            .await;
+        let history = History::load(&fleet.dir).expect("read the histories");
+        let started = history.first_start(task).expect("a run, just seen");
+        took.push(started.saturating_sub(asked));
+    }
+    took.sort_unstable();
+    let ms = |ns: u64| ns as f64 / 1e6;
+    eprintln!(
+        "figure: create → first run, TTL {ROLLING_TTL:?}, {} tasks one at a time: median \
+         {:.1} ms, p90 {:.1} ms, longest {:.1} ms",
+        took.len(),
+        ms(took[took.len() / 2]),
+        ms(took[took.len() * 9 / 10]),
+        ms(took[took.len() - 1])
+    );
+    assert_passed(&fleet.verdict(&names).await);
+}
+
 // ---------------------------------------------------------------- a rolling restart
 
 /// The TTL of the rolling restart's workers: one users run. A task without a run

@@ -818,6 +818,15 @@ impl History {
         gaps
     }
 
+    /// When the first run of `task` started, if one did.
+    pub(crate) fn first_start(&self, task: &str) -> Option<u64> {
+        self.runs
+            .values()
+            .filter(|r| r.task == task)
+            .map(|r| r.start)
+            .min()
+    }
+
     /// Every time a task had no live run, between the end of a run (at or after
     /// `from`) and the start of the next (or `until`): (task, ns, the pid of the
     /// process whose run ended).
