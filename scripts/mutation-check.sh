@@ -2237,6 +2237,17 @@ m225() {
 EOF
 }
 
+m226() {
+  WHERE="cluster/decide.rs: decide, drain"
+  MUTANT="a draining worker hands a task over while its run may still be alive (Pausing)"
+  SUITE="--all-features --test cluster_model drains"
+  edit src/cluster/decide.rs <<'EOF'
+    let at_rest = matches!(local.stage, Stage::New | Stage::Paused);
+@@@@
+    let at_rest = matches!(local.stage, Stage::New | Stage::Paused) || view.draining;
+EOF
+}
+
 ALL=$(declare -F | awk '$3 ~ /^m[0-9]+$/ { print substr($3, 2) }' | sort -n | tr '\n' ' ')
 SELECTED=${MUTANTS:-$ALL}
 for n in $SELECTED; do
