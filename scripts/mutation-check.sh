@@ -1338,9 +1338,9 @@ m94() {
   MUTANT="a task that is gone stays counted in the taskstage_tasks gauge of its last stage"
   SUITE="--features metrics --test metrics"
   edit src/runtime/metrics.rs "pub(crate) fn retired" <<'EOF'
-    metrics::gauge!(names::TASKS, "stage" => stage.name()).decrement(1.0);
+            self.handles[stage as usize].decrement(1.0);
 @@@@
-    metrics::gauge!(names::TASKS, "stage" => stage.name()).decrement(0.0);
+            self.handles[stage as usize].decrement(0.0);
 EOF
 }
 
@@ -2245,6 +2245,19 @@ m226() {
     let at_rest = matches!(local.stage, Stage::New | Stage::Paused);
 @@@@
     let at_rest = matches!(local.stage, Stage::New | Stage::Paused) || view.draining;
+EOF
+}
+
+m227() {
+  WHERE="runtime/metrics.rs: TaskGauges::moved"
+  MUTANT="a change moves the tasks gauges of the recorder current on the thread that makes it, not of the one the task was counted in at its spawn"
+  SUITE="--features metrics --test gauges"
+  edit src/runtime/metrics.rs "pub(crate) fn moved" <<'EOF'
+            self.handles[to as usize].increment(1.0);
+            self.handles[from as usize].decrement(1.0);
+@@@@
+            metrics::gauge!(names::TASKS, "stage" => to.name()).increment(1.0);
+            metrics::gauge!(names::TASKS, "stage" => from.name()).decrement(1.0);
 EOF
 }
 

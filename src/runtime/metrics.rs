@@ -6,7 +6,7 @@
 //!
 //! | name | kind | labels | meaning |
 //! |---|---|---|---|
-//! | `taskstage_tasks` | gauge | `stage` | tasks in each stage now (a task counts until the last of its handles, observers and event streams is gone and no run or close of it is in flight) |
+//! | `taskstage_tasks` | gauge | `stage` | tasks in each stage now: each task that exists once, in the stage of its newest change (a task counts until the last of its handles, observers and event streams is gone and no run or close of it is in flight); reported to the recorder current where the task was spawned |
 //! | `taskstage_transitions_total` | counter | `from`, `to` | accepted changes (including those that keep the stage, such as a pause in Paused) |
 //! | `taskstage_refused_total` | counter | `command`, `stage` | commands the table refused |
 //! | `taskstage_pause_seconds` | histogram | `reached` | from a pause's acceptance until its rest (`Paused`, `Finished` or `Stopped`) |
@@ -25,34 +25,89 @@ mod names {
     pub(super) const AUTO_RESUMES: &str = "taskstage_auto_resumes_total";
 }
 
-/// A task was created (it is in New).
-#[inline]
-pub(crate) fn created() {
+/// The `taskstage_tasks{stage}` gauges of one task, and the stage they count it in.
+///
+/// The gauge handles are registered once, when the task is created, with the
+/// recorder current there (the process-wide one, or one set for that thread with
+/// `metrics::with_local_recorder`); every later change goes to those handles,
+/// whichever thread makes it (a run's, the blocking pool's), so a task is counted by
+/// one recorder for its whole life.
+///
+/// # Invariants
+/// 1. While the task exists it adds exactly 1 to one gauge: the one of `counted`,
+///    the stage of its newest published change.
+/// 2. Once retired it adds 0 to every gauge, and nothing moves it again.
+///
+/// The owner calls [`TaskGauges::moved`] only for a change newer than every one it
+/// told before, and every method under one lock of its own, so the moves of one task
+/// are applied one at a time, in the core's order: no gauge goes below 0 even for an
+/// instant. That lock is a leaf: the recorder's gauge handle is the only code run
+/// under it, and no taskstage lock is taken inside it.
+pub(crate) struct TaskGauges {
     #[cfg(feature = "metrics")]
-    metrics::gauge!(names::TASKS, "stage" => Stage::New.name()).increment(1.0);
+    handles: [metrics::Gauge; Stage::ALL.len()],
+    /// `None` once retired.
+    #[cfg(feature = "metrics")]
+    counted: Option<Stage>,
 }
 
-/// A task is gone; it was last in `stage`.
-#[inline]
-pub(crate) fn retired(stage: Stage) {
-    #[cfg(feature = "metrics")]
-    metrics::gauge!(names::TASKS, "stage" => stage.name()).decrement(1.0);
-    #[cfg(not(feature = "metrics"))]
-    let _ = stage;
+impl std::fmt::Debug for TaskGauges {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut d = f.debug_struct("TaskGauges");
+        #[cfg(feature = "metrics")]
+        d.field("counted", &self.counted);
+        d.finish_non_exhaustive()
+    }
 }
 
-/// A change from `from` to `to` was accepted.
+impl TaskGauges {
+    /// A task was created: it counts in New.
+    #[inline]
+    pub(crate) fn created() -> Self {
+        #[cfg(feature = "metrics")]
+        {
+            let handles =
+                Stage::ALL.map(|stage| metrics::gauge!(names::TASKS, "stage" => stage.name()));
+            handles[Stage::New as usize].increment(1.0);
+            TaskGauges {
+                handles,
+                counted: Some(Stage::New),
+            }
+        }
+        #[cfg(not(feature = "metrics"))]
+        TaskGauges {}
+    }
+
+    /// The task's newest published change left it in `to`.
+    #[inline]
+    pub(crate) fn moved(&mut self, to: Stage) {
+        #[cfg(feature = "metrics")]
+        if let Some(from) = self.counted.filter(|&from| from != to) {
+            // The new stage first: the task is never counted nowhere.
+            self.handles[to as usize].increment(1.0);
+            self.handles[from as usize].decrement(1.0);
+            self.counted = Some(to);
+        }
+        #[cfg(not(feature = "metrics"))]
+        let _ = to;
+    }
+
+    /// The task is gone: it leaves the gauge it was counted in (invariant 2).
+    #[inline]
+    pub(crate) fn retired(&mut self) {
+        #[cfg(feature = "metrics")]
+        if let Some(stage) = self.counted.take() {
+            self.handles[stage as usize].decrement(1.0);
+        }
+    }
+}
+
+/// A change from `from` to `to` was accepted (the tasks gauge moves apart, in
+/// [`TaskGauges`]).
 #[inline]
 pub(crate) fn transition(from: Stage, to: Stage) {
     #[cfg(feature = "metrics")]
-    {
-        metrics::counter!(names::TRANSITIONS, "from" => from.name(), "to" => to.name())
-            .increment(1);
-        if from != to {
-            metrics::gauge!(names::TASKS, "stage" => from.name()).decrement(1.0);
-            metrics::gauge!(names::TASKS, "stage" => to.name()).increment(1.0);
-        }
-    }
+    metrics::counter!(names::TRANSITIONS, "from" => from.name(), "to" => to.name()).increment(1);
     #[cfg(not(feature = "metrics"))]
     let _ = (from, to);
 }

@@ -137,6 +137,9 @@ impl<C> Held<C> {
 struct Events {
     latest: StageEvent,
     sender: Option<watch::Sender<StageEvent>>,
+    /// Moved with `latest`, under the same lock, so the gauges follow the newest
+    /// change in the core's order, whichever thread publishes it.
+    gauges: super::metrics::TaskGauges,
 }
 
 /// The tokio runtime of one task, and what its handles show besides the core's state.
@@ -186,11 +189,11 @@ pub(crate) fn new_task<C: Send + Sync + 'static>(
         events: Mutex::new(Events {
             latest: StageEvent::initial(),
             sender: None,
+            gauges: super::metrics::TaskGauges::created(),
         }),
         runtime,
         span,
     };
-    super::metrics::created();
     Driver::new(Lifecycle::with_shared_config(held, config), tokio)
 }
 
@@ -226,8 +229,11 @@ impl Runtime for Tokio {
         super::metrics::refused(error.command(), error.stage());
     }
 
-    fn retired(&self, stage: crate::stage::Stage) {
-        super::metrics::retired(stage);
+    fn retired(&self, _stage: crate::stage::Stage) {
+        // The stage the gauges count the task in is their own (the newest published
+        // change), not the core's: a change still on its way to `published` is
+        // dropped with the task.
+        lock(&self.events).gauges.retired();
     }
 
     fn published(&self, t: &Transition) {
@@ -250,6 +256,7 @@ impl Runtime for Tokio {
                 return;
             }
             events.latest = event;
+            events.gauges.moved(event.stage);
             events.sender.clone()
         };
         // Sent with our lock released: waking a subscriber runs its waker, which is
