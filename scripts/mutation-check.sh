@@ -2261,6 +2261,56 @@ m227() {
 EOF
 }
 
+m228() {
+  WHERE="runtime/handle.rs: Handle::resume_within"
+  MUTANT="the wait ends only in Paused: a pause that ended in Finished or Stopped is met with a timeout, not the refusal naming the stage"
+  SUITE="--test newcomer resume_within"
+  edit src/runtime/handle.rs "pub async fn resume_within" <<'EOF'
+            .wait_until(|s: &Snapshot| s.stage != Stage::Pausing);
+@@@@
+            .wait_until(|s: &Snapshot| s.stage == Stage::Paused);
+EOF
+}
+
+m229() {
+  WHERE="http/routes.rs: router"
+  MUTANT="the event stream of every task (GET /v1/events) is routed outside the token check"
+  SUITE="--features http --test http_api event_streams_need"
+  edit src/http/routes.rs <<'EOF'
+        .route("/v1/events", get(all_events))
+        .route("/v1/workers", get(workers))
+        .route("/v1/workers/{id}/drain", post(drain))
+        .route("/v1/auth", get(whoami))
+        // Applies to the routes above only: unknown routes are 404 without a token.
+        .route_layer(middleware::from_fn_with_state(
+            Arc::clone(&shared),
+            authorize,
+        ))
+        .route("/v1/health", get(health))
+@@@@
+        .route("/v1/workers", get(workers))
+        .route("/v1/workers/{id}/drain", post(drain))
+        .route("/v1/auth", get(whoami))
+        .route_layer(middleware::from_fn_with_state(
+            Arc::clone(&shared),
+            authorize,
+        ))
+        .route("/v1/events", get(all_events))
+        .route("/v1/health", get(health))
+EOF
+}
+
+m230() {
+  WHERE="http/cluster.rs: ClusterSource::drain"
+  MUTANT="a drain whose wait ran out is answered 200 (done), with the count still held"
+  SUITE="--all-features --test http_cluster drain"
+  edit src/http/cluster.rs <<'EOF'
+                Err(ClusterError::DrainTimeout { held, .. }) => Ok(Reached::Settling(body(held))),
+@@@@
+                Err(ClusterError::DrainTimeout { held, .. }) => Ok(Reached::Done(body(held))),
+EOF
+}
+
 ALL=$(declare -F | awk '$3 ~ /^m[0-9]+$/ { print substr($3, 2) }' | sort -n | tr '\n' ' ')
 SELECTED=${MUTANTS:-$ALL}
 for n in $SELECTED; do

@@ -539,6 +539,51 @@ async fn events_stream_every_change_in_order_and_resume_from_an_id() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_event_streams_need_a_token_like_every_other_route() {
+    use tower::ServiceExt;
+    let (f, _, _) = fixture(&["a"], &[], None).await;
+    for uri in ["/v1/events", "/v1/tasks/a/events"] {
+        for token in [None, Some("guess"), Some(READ)] {
+            let mut request = axum::http::Request::builder().method("GET").uri(uri);
+            if let Some(token) = token {
+                request = request.header("authorization", format!("Bearer {token}"));
+            }
+            let request = request
+                .body(axum::body::Body::empty())
+                .expect("a valid request");
+            // Only the head is read: an open stream's body never ends.
+            let response = tokio::time::timeout(WITHIN, f.router.clone().oneshot(request))
+                .await
+                .expect("the head of the answer within 10 s")
+                .expect("the router is infallible");
+            let content_type = response
+                .headers()
+                .get("content-type")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_owned();
+            if token == Some(READ) {
+                assert_eq!(response.status(), StatusCode::OK, "GET {uri} with a token");
+                assert!(
+                    content_type.starts_with("text/event-stream"),
+                    "{content_type}"
+                );
+            } else {
+                assert_eq!(
+                    response.status(),
+                    StatusCode::UNAUTHORIZED,
+                    "GET {uri} with {token:?}: an event stream was served without a valid token"
+                );
+                assert!(
+                    !content_type.starts_with("text/event-stream"),
+                    "GET {uri} with {token:?}: {content_type}"
+                );
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_behind_the_ring_gets_a_gap_marker_with_the_count() {
     let (f, _, _) = fixture(&["a"], &[], Some(4)).await;
     for _ in 0..3 {

@@ -302,6 +302,77 @@ async fn a_drain_over_http_answers_200_once_the_worker_holds_nothing() {
     }
 }
 
+/// A drain whose wait runs out while a run on the drained worker ignores its
+/// cancellation is 202 with the count still held, never 200; once the run returns,
+/// the same drain is 200 with nothing held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_whose_wait_ran_out_is_202_with_the_count_still_held() {
+    let store = MemoryCoordinator::new();
+    let live = Live::default();
+    let hold = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+    let (for_factory, held_runs) = (live.clone(), std::sync::Arc::clone(&hold));
+    let stubborn = Worker::builder(store.clone(), "app", "worker-1")
+        .ttl(Duration::from_secs(2))
+        .join(move |spec| {
+            Ok(Task::builder(spec.task.as_str()).unit(Probe {
+                live: for_factory.clone(),
+                hold: Some(std::sync::Arc::clone(&held_runs)),
+            }))
+        })
+        .await
+        .expect("the worker joins");
+    let controller = Controller::new(store.clone(), "app").expect("a controller");
+    controller
+        .create("t", Vec::new(), DesiredStage::Running)
+        .await
+        .expect("created");
+    let running = controller
+        .resume_within("t", Duration::from_secs(10))
+        .await
+        .expect("running");
+    assert_eq!(running.owner.as_str(), "worker-1");
+    live.reaches(1).await;
+    let other_live = Live::default();
+    let other = join(&store, "worker-2", &other_live).await;
+    let router = Api::cluster(controller.clone())
+        .auth(Auth::tokens().admin(ADMIN).read_only(READ))
+        .router();
+
+    for uri in [
+        "/v1/workers/worker-1/drain?wait=1s",
+        "/v1/workers/worker-1/drain?wait=0s",
+    ] {
+        let (status, answer) = call(&router, "POST", uri, Some(ADMIN), None).await;
+        assert_eq!(
+            status,
+            StatusCode::ACCEPTED,
+            "{uri}: the run on the drained worker is still alive: {answer}"
+        );
+        assert_eq!(answer["tasks"], 1, "{uri}: {answer}");
+        assert_eq!(answer["command"], "drain", "{answer}");
+        assert_eq!(live.now(), 1, "the stubborn run is alive");
+    }
+
+    hold.add_permits(1);
+    let (status, answer) = call(
+        &router,
+        "POST",
+        "/v1/workers/worker-1/drain?wait=30s",
+        Some(ADMIN),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(answer["tasks"], 0, "{answer}");
+    assert_eq!(
+        live.now(),
+        0,
+        "a 200 with a run alive on the drained worker"
+    );
+    stubborn.shutdown().await.expect("the worker shuts down");
+    other.shutdown().await.expect("the worker shuts down");
+}
+
 /// A cluster's list is its watched copy of the store, rebuilt once per change: a
 /// change the API has observed (its event is on the stream) is in the next listing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

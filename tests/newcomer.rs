@@ -124,6 +124,81 @@ async fn a_resume_within_gives_up_at_its_deadline_and_issues_nothing() {
     assert_eq!(rest.generation, 1, "no resume was issued after the timeout");
 }
 
+/// Asked to pause, finishes its work instead (a second of paused-clock time later).
+struct FinishesWhenAsked;
+
+impl Unit for FinishesWhenAsked {
+    async fn run(&mut self, ctx: RunContext) -> Result<RunExit, RunError> {
+        ctx.cancelled().await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        Ok(RunExit::Completed)
+    }
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_resume_within_after_a_pause_that_ended_finished_is_refused_at_once() {
+    let handle = Task::builder("finishes")
+        .unit(FinishesWhenAsked)
+        .spawn()
+        .unwrap();
+    handle.wait_for_stage(|s| s == Stage::Running).await;
+    drop(handle.pause_now().unwrap());
+    assert_eq!(handle.stage(), Stage::Pausing);
+    let asked = tokio::time::Instant::now();
+    let err = handle
+        .resume_within(Duration::from_secs(60))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.kind(),
+        taskstage::ErrorKind::Refused(taskstage::Refusal::Finished),
+        "{err}"
+    );
+    assert_eq!(
+        (err.command(), err.stage()),
+        (taskstage::Command::Resume, Stage::Finished)
+    );
+    assert!(
+        asked.elapsed() < Duration::from_secs(2),
+        "refused only after {:?}: the wait did not end when the pause settled",
+        asked.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_resume_within_after_a_pause_that_a_stop_ended_is_refused_at_once() {
+    let handle = Task::builder("slow").unit(Slow).spawn().unwrap();
+    handle.wait_for_stage(|s| s == Stage::Running).await;
+    drop(handle.pause_now().unwrap());
+    let asked = tokio::time::Instant::now();
+    let (resumed, stopped) = tokio::join!(handle.resume_within(Duration::from_secs(60)), async {
+        // Issued once the resume is waiting on the pause.
+        tokio::task::yield_now().await;
+        handle.stop_now().unwrap().await
+    });
+    let err = resumed.unwrap_err();
+    assert!(
+        matches!(
+            err.kind(),
+            taskstage::ErrorKind::Refused(
+                taskstage::Refusal::StopInProgress | taskstage::Refusal::Stopped
+            )
+        ),
+        "{err}"
+    );
+    assert_eq!(err.command(), taskstage::Command::Resume);
+    assert!(
+        matches!(err.stage(), Stage::Stopping | Stage::Stopped),
+        "{err}"
+    );
+    assert_eq!(stopped.unwrap(), Stage::Stopped);
+    assert!(
+        asked.elapsed() < Duration::from_secs(2),
+        "refused only after {:?}: the wait did not end when the stop ended the pause",
+        asked.elapsed()
+    );
+}
+
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_group_wait_names_the_tasks_that_did_not_reach_the_stage() {
     let mut group = taskstage::TaskGroup::new();
