@@ -2311,6 +2311,18 @@ m230() {
 EOF
 }
 
+m231() {
+  WHERE="cluster/controller.rs: Controller::command"
+  MUTANT="a command that meets a replaced history answers it at once instead of trying again within its deadline"
+  SUITE="--all-features --test cluster_promises replaced_history_is_tried"
+  edit src/cluster/controller.rs "async fn command" <<'EOF'
+                    error @ (ClusterError::Unreachable { .. }
+                    | ClusterError::HistoryReplaced { .. }),
+@@@@
+                    error @ ClusterError::Unreachable { .. },
+EOF
+}
+
 ALL=$(declare -F | awk '$3 ~ /^m[0-9]+$/ { print substr($3, 2) }' | sort -n | tr '\n' ' ')
 SELECTED=${MUTANTS:-$ALL}
 for n in $SELECTED; do

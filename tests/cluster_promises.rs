@@ -1513,6 +1513,61 @@ async fn restore_from_a_backup(bump: i64, other_writes: usize) {
     w3.shutdown().await.expect("w3 shuts down");
 }
 
+/// A controller command that meets a store whose history was replaced (its revision
+/// went back below what the controller had seen) is tried again within its
+/// deadline, as one that meets an unreachable store is: the pause is written on the
+/// new history and answered by the worker there.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_command_that_meets_a_replaced_history_is_tried_again_within_its_deadline() {
+    let store = MemoryCoordinator::new();
+    let runs = Runs::default();
+    let controller = Controller::new(store.clone(), "restore").expect("a controller");
+    controller
+        .create("t", Vec::new(), DesiredStage::Running)
+        .await
+        .expect("create");
+    let snapshot = store.snapshot();
+    // After the backup the store moves far on (another writer), and the controller
+    // sees its revision there.
+    for i in 0..50 {
+        let put = Txn {
+            when: vec![],
+            then: vec![Op::Put {
+                key: format!("elsewhere/{i}"),
+                value: b"x".to_vec(),
+                lease: None,
+            }],
+        };
+        store.txn(put).await.expect("another writer's put");
+    }
+    let seen = controller.list().await.expect("a listing");
+    assert_eq!(seen.len(), 1);
+    store.restore(&snapshot, 0);
+    // A worker of the new history runs t (its joining writes stay far below what
+    // the controller saw).
+    let w1 = join_tracked(&store, "w1", &runs).await;
+    eventually(Duration::from_secs(10), "t runs on w1", || {
+        (runs.live().len() == 1).then_some(())
+    })
+    .await;
+    let asked = Instant::now();
+    let paused = controller
+        .pause_within("t", Duration::from_secs(10))
+        .await
+        .expect("the pause is tried again on the new history and answered");
+    assert_eq!(paused.owner.as_str(), "w1");
+    assert!(
+        matches!(paused.stage, Stage::Paused),
+        "answered {:?}",
+        paused.stage
+    );
+    assert!(asked.elapsed() < Duration::from_secs(10));
+    assert!(runs.live().is_empty(), "a Paused answer with a run alive");
+    let listed = controller.list().await.expect("a listing");
+    assert_eq!(listed.len(), 1, "the store's truth is the restored one");
+    w1.shutdown().await.expect("w1 shuts down");
+}
+
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_store_restored_with_its_revision_going_back_is_noticed_and_survived() {
     restore_from_a_backup(0, 0).await;
