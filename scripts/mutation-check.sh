@@ -2323,6 +2323,17 @@ m231() {
 EOF
 }
 
+m232() {
+  WHERE="cluster/worker/reconcile.rs: reconcile, the loop's end"
+  MUTANT="on a lost lease the loop ends (and closed() answers) before its local runs are gone"
+  SUITE="--all-features --test cluster_promises ends_only_once"
+  edit src/cluster/worker/reconcile.rs <<'EOF'
+        if lease.stop_at.is_none() && state.slots.values().all(|s| s.task.is_none()) {
+@@@@
+        if lease.stop_at.is_none() {
+EOF
+}
+
 ALL=$(declare -F | awk '$3 ~ /^m[0-9]+$/ { print substr($3, 2) }' | sort -n | tr '\n' ' ')
 SELECTED=${MUTANTS:-$ALL}
 for n in $SELECTED; do

@@ -311,7 +311,8 @@ async fn a_worker_holds_no_more_tasks_than_its_capacity() {
     w2.shutdown().await.expect("shutdown w2");
 }
 
-/// A run that counts itself alive (and the most alive at once) until its future goes.
+/// A run that counts itself alive (and the most alive at once) until its future goes;
+/// a cancelled run takes 100 ms to wind down.
 struct Counted {
     alive: Arc<std::sync::atomic::AtomicUsize>,
     most: Arc<std::sync::atomic::AtomicUsize>,
@@ -332,6 +333,9 @@ impl Unit for Counted {
         self.most.fetch_max(now, Ordering::SeqCst);
         let _leaves = Leaves(Arc::clone(&self.alive));
         ctx.cancelled().await;
+        // Winds down for a while, so a worker that ended before its runs stopped
+        // is seen with one alive.
+        tokio::time::sleep(Duration::from_millis(100)).await;
         Ok(RunExit::Cancelled)
     }
 }
@@ -414,6 +418,68 @@ async fn a_worker_whose_lease_is_gone_stops_its_runs_and_ends() {
     assert_eq!(running.owner.as_str(), "w2");
     assert_eq!(counters.1.load(Ordering::SeqCst), 1, "two runs at once");
     w2.shutdown().await.expect("shutdown");
+}
+
+/// A run that, once cancelled, holds its thread for 1.2 s (a blocking flush): an
+/// abort cannot end it sooner, so its future lives on after the stop was issued.
+struct BlocksWhenCancelled {
+    alive: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Unit for BlocksWhenCancelled {
+    async fn run(&mut self, ctx: RunContext) -> Result<RunExit, RunError> {
+        self.alive.fetch_add(1, Ordering::SeqCst);
+        let _leaves = Leaves(Arc::clone(&self.alive));
+        ctx.cancelled().await;
+        std::thread::sleep(Duration::from_millis(1200));
+        Ok(RunExit::Cancelled)
+    }
+}
+
+/// On a lost lease the worker's loop ends, and `closed` answers, only once its local
+/// runs are gone, even a run that an abort cannot end at once. With a 3 s TTL the
+/// keep-alive (every ~0.6 s) hears "expired" while the run still holds its thread,
+/// well before the last instant the lease allowed (the overrun policy only logs, so
+/// a slow machine cannot end the test's process).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_lost_its_lease_ends_only_once_its_runs_are_gone() {
+    let store = MemoryCoordinator::new();
+    let alive = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let for_factory = Arc::clone(&alive);
+    let mut worker = Worker::builder(store.clone(), "blocked", "w1")
+        .ttl(Duration::from_secs(3))
+        .on_overrun(taskstage::cluster::OverrunPolicy::LogOnly)
+        .join(move |spec| {
+            Ok(Task::builder(spec.task.as_str()).unit(BlocksWhenCancelled {
+                alive: Arc::clone(&for_factory),
+            }))
+        })
+        .await
+        .expect("join on the in-memory store");
+    let controller = Controller::new(store.clone(), "blocked").expect("a controller");
+    controller
+        .create("t", Vec::new(), DesiredStage::Running)
+        .await
+        .expect("create");
+    controller
+        .resume_within("t", Duration::from_secs(10))
+        .await
+        .expect("running on w1");
+    assert_eq!(alive.load(Ordering::SeqCst), 1);
+
+    store.expire_lease(worker.lease());
+    let closed = tokio::time::timeout(Duration::from_secs(10), worker.closed())
+        .await
+        .expect("the worker did not end after its lease expired");
+    assert!(
+        matches!(&closed, Err(ClusterError::LeaseLost { .. })),
+        "{closed:?}"
+    );
+    assert_eq!(
+        alive.load(Ordering::SeqCst),
+        0,
+        "closed() answered while a run of the worker was still alive"
+    );
 }
 
 /// Stopped is final: a later desired stage other than Stopped is refused and changes
@@ -1262,6 +1328,20 @@ impl Runs {
             .collect()
     }
 
+    /// Asserts that no run on `worker` is alive (its future not yet dropped).
+    fn assert_none_alive_on(&self, worker: &str, when: &str) {
+        let live = self.live();
+        let on: Vec<&String> = live
+            .iter()
+            .filter(|(_, on)| on.iter().any(|w| w == worker))
+            .map(|(task, _)| task)
+            .collect();
+        assert!(
+            on.is_empty(),
+            "{when}: runs of {on:?} still alive on {worker}"
+        );
+    }
+
     /// The highest token each task's runs were handed so far.
     /// Asserts that no two runs of a task were ever alive at once, and that every
     /// run started since the `since`-th start had a token above the highest one
@@ -1463,6 +1543,7 @@ async fn restore_from_a_backup(bump: i64, other_writes: usize) {
         matches!(ended, Err(ClusterError::HistoryReplaced { .. })),
         "w2 ended with {ended:?}"
     );
+    runs.assert_none_alive_on("w2", "after w2's loop ended on the replaced history");
     drop(w2);
     let w2 = join_tracked(&store, "w2", &runs).await;
 
@@ -1709,6 +1790,10 @@ async fn after_a_restore_no_task_is_claimed_while_a_worker_that_did_not_notice_m
         assert!(
             matches!(end, Err(ClusterError::HistoryReplaced { .. })),
             "{end:?}"
+        );
+        runs.assert_none_alive_on(
+            worker.id().as_str(),
+            "after its loop ended on the replaced history",
         );
         ended.push(worker.id().as_str().to_owned());
     }
