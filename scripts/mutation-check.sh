@@ -2334,6 +2334,22 @@ m232() {
 EOF
 }
 
+m233() {
+  WHERE="cluster/worker/guard.rs: watch_what_is_left"
+  MUTANT="after a shutdown, a crash or a drop, a run still alive at the last instant the lease allows is let be (no overrun)"
+  SUITE="--all-features --test cluster_overrun in_time"
+  edit src/cluster/worker/guard.rs "async fn watch_what_is_left" <<'EOF'
+        if now >= exit_at {
+            overrun(inner, &alive);
+            return;
+        }
+@@@@
+        if now >= exit_at {
+            return;
+        }
+EOF
+}
+
 ALL=$(declare -F | awk '$3 ~ /^m[0-9]+$/ { print substr($3, 2) }' | sort -n | tr '\n' ' ')
 SELECTED=${MUTANTS:-$ALL}
 for n in $SELECTED; do

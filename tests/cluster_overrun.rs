@@ -384,19 +384,21 @@ fn the_guard_stops_every_stage_at_the_deadline_while_the_loop_is_held_up() {
 /// The variable that makes [`overrun_process`] a worker process.
 const CHILD: &str = "TASKSTAGE_OVERRUN_CHILD";
 
-/// The process of [`a_run_that_cannot_be_stopped_ends_the_process_before_the_lease_may_expire`]:
-/// the test binary started again with [`CHILD`] set. A worker on the in-memory
-/// store whose one run blocks the only runtime thread for a minute; once it runs,
-/// keep-alives fail, and the process prints how long until its stop deadline, then
-/// waits. The guard's stop cannot reach the run; at `exit_at` the process must end
-/// with [`OVERRUN_EXIT_CODE`]. If it is still here after 20 s it exits 0, which the
-/// test takes as a failure.
+/// The process of the overrun tests below: the test binary started again with
+/// [`CHILD`] set to how the worker leaves (`lost`, `shutdown`, `crash`, `drop`). A
+/// worker on the in-memory store whose one run blocks the only runtime thread for a
+/// minute; once it runs, keep-alives fail (so the lease's deadlines stay where the
+/// last answer put them), the process prints how long until its stop deadline, then
+/// `lost` waits while the lease runs out alive, and the others shut the worker down,
+/// crash it or drop it at once. The guard's stop cannot reach the run; at `exit_at`
+/// the process must end with [`OVERRUN_EXIT_CODE`]. If it is still here after 20 s
+/// it exits 0, which the tests take as a failure.
 #[test]
 #[ignore = "a worker process of the overrun test, started by it"]
 fn overrun_process() {
-    if std::env::var_os(CHILD).is_none() {
+    let Some(mode) = std::env::var_os(CHILD) else {
         return;
-    }
+    };
     let store = MemoryCoordinator::new();
     let runtime = one_thread_runtime();
     let started = Arc::new(AtomicBool::new(false));
@@ -428,17 +430,53 @@ fn overrun_process() {
         .into_std()
         .saturating_duration_since(Instant::now());
     println!("stop_in_ms={}", stop_in.as_millis());
+    match mode.to_str() {
+        Some("lost") => {}
+        // Each waits for the run, which never returns: the guard must end the
+        // process meanwhile.
+        Some("shutdown") => {
+            let _ = runtime.block_on(worker.shutdown());
+        }
+        Some("crash") => runtime.block_on(worker.crash()),
+        Some("drop") => drop(worker),
+        other => panic!("{CHILD}={other:?}: not a way for a worker to leave"),
+    }
     std::thread::sleep(Duration::from_secs(20));
-    drop(worker);
     std::process::exit(0);
 }
 
 #[test]
 fn a_run_that_cannot_be_stopped_ends_the_process_before_the_lease_may_expire() {
+    an_overrun_ends_the_process("lost");
+}
+
+/// After a clean shutdown the guard keeps watching the run it left: one still alive
+/// at the last instant the lease allows is an overrun, as for a worker alive.
+#[test]
+fn a_run_left_by_a_shutdown_that_cannot_be_stopped_ends_the_process_in_time() {
+    an_overrun_ends_the_process("shutdown");
+}
+
+/// The same after a crash (`Worker::crash`: loops aborted, runs aborted).
+#[test]
+fn a_run_left_by_a_crash_that_cannot_be_stopped_ends_the_process_in_time() {
+    an_overrun_ends_the_process("crash");
+}
+
+/// The same after the worker is dropped.
+#[test]
+fn a_run_left_by_a_dropped_worker_that_cannot_be_stopped_ends_the_process_in_time() {
+    an_overrun_ends_the_process("drop");
+}
+
+/// Starts [`overrun_process`] in `mode` and checks that it ends with
+/// [`OVERRUN_EXIT_CODE`], naming the task, after its stop deadline and before the
+/// store may expire the lease.
+fn an_overrun_ends_the_process(mode: &str) {
     let exe = std::env::current_exe().expect("the test binary");
     let mut child = Command::new(exe)
         .args(["--exact", "overrun_process", "--ignored", "--nocapture"])
-        .env(CHILD, "1")
+        .env(CHILD, mode)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -472,7 +510,7 @@ fn a_run_that_cannot_be_stopped_ends_the_process_before_the_lease_may_expire() {
         }
         assert!(
             Instant::now() < end,
-            "the worker process did not end on the overrun"
+            "the worker process ({mode}) did not end on the overrun"
         );
         std::thread::sleep(Duration::from_millis(5));
     };
