@@ -2350,6 +2350,39 @@ m233() {
 EOF
 }
 
+m234() {
+  WHERE="http/origin.rs: Browsers::check, Origin"
+  MUTANT="a command carrying the Origin of another page is taken as the server's own"
+  SUITE="--features http --test http_api open_api"
+  edit src/http/origin.rs <<'EOF'
+                if !same && !self.origins.contains(&origin) {
+@@@@
+                if !same && !self.origins.contains(&origin) && origin == "null" {
+EOF
+}
+
+m235() {
+  WHERE="http/origin.rs: Browsers::check, Host"
+  MUTANT="with no token, a Host that is not a loopback name is served (a rebound name reads the list)"
+  SUITE="--features http --test http_api open_api"
+  edit src/http/origin.rs <<'EOF'
+                if !is_loopback_host(host) && !self.allows_host(host) {
+@@@@
+                if !is_loopback_host(host) && !self.allows_host(host) && method != Method::GET {
+EOF
+}
+
+m236() {
+  WHERE="http/routes.rs: create"
+  MUTANT="POST /v1/tasks parses a body of any content type as JSON (a form can create a task)"
+  SUITE="--all-features --test http_cluster only_once_the_owners"
+  edit src/http/routes.rs <<'EOF'
+    if !json {
+@@@@
+    if false && !json {
+EOF
+}
+
 ALL=$(declare -F | awk '$3 ~ /^m[0-9]+$/ { print substr($3, 2) }' | sort -n | tr '\n' ' ')
 SELECTED=${MUTANTS:-$ALL}
 for n in $SELECTED; do

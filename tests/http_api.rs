@@ -583,6 +583,141 @@ async fn the_event_streams_need_a_token_like_every_other_route() {
     }
 }
 
+/// With no token needed (`Auth::open()`), a page of another origin on the
+/// operator's machine changes nothing and reads nothing: a command carrying a
+/// foreign `Origin` (a fetch, a form) is 403 `cross_origin`, and every route under
+/// a rebound name (`Host` not a loopback name) is 403 `forbidden_host`. The server's
+/// own page, and clients that are not browsers, pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_api_lets_no_page_of_another_origin_command_or_read() {
+    use tower::ServiceExt;
+    let (f, lives, _) = fixture(&["a"], &[], None).await;
+    let router = Api::local(&f.tasks).auth(Auth::open()).router();
+    let seq = handle(&f, "a").snapshot().seq;
+    let own = [("host", "127.0.0.1:8080")];
+    /// Method, URI, the request's headers, the status and `error_code` expected.
+    type Attack<'a> = (&'a str, &'a str, Vec<(&'a str, &'a str)>, u16, &'a str);
+    let attacks: &[Attack<'_>] = &[
+        (
+            "POST",
+            "/v1/tasks/a/pause",
+            vec![
+                ("host", "127.0.0.1:8080"),
+                ("origin", "http://evil.example"),
+            ],
+            403,
+            "cross_origin",
+        ),
+        (
+            "POST",
+            "/v1/tasks/a/stop?wait=0",
+            vec![
+                ("host", "localhost:8080"),
+                ("origin", "http://localhost:3000"),
+                ("content-type", "application/x-www-form-urlencoded"),
+            ],
+            403,
+            "cross_origin",
+        ),
+        (
+            "POST",
+            "/v1/tasks/a/pause",
+            vec![("host", "127.0.0.1:8080"), ("sec-fetch-site", "cross-site")],
+            403,
+            "cross_origin",
+        ),
+        (
+            "POST",
+            "/v1/tasks/a/pause",
+            vec![("host", "127.0.0.1:8080"), ("origin", "null")],
+            403,
+            "cross_origin",
+        ),
+        (
+            "POST",
+            "/v1/tasks/a/pause",
+            vec![
+                ("host", "evil.example:8080"),
+                ("origin", "http://evil.example:8080"),
+            ],
+            403,
+            "forbidden_host",
+        ),
+        (
+            "GET",
+            "/v1/tasks",
+            vec![("host", "evil.example:8080")],
+            403,
+            "forbidden_host",
+        ),
+        (
+            "GET",
+            "/v1/events",
+            vec![("host", "evil.example:8080")],
+            403,
+            "forbidden_host",
+        ),
+        (
+            "GET",
+            "/",
+            vec![("host", "evil.example:8080")],
+            403,
+            "forbidden_host",
+        ),
+    ];
+    for (method, uri, headers, status, code) in attacks {
+        let mut request = axum::http::Request::builder().method(*method).uri(*uri);
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let request = request
+            .body(axum::body::Body::empty())
+            .expect("a valid request");
+        let response = tokio::time::timeout(WITHIN, router.clone().oneshot(request))
+            .await
+            .expect("an answer within 10 s")
+            .expect("the router is infallible");
+        let got = response.status().as_u16();
+        let body = http_body_util::BodyExt::collect(response.into_body())
+            .await
+            .expect("a body")
+            .to_bytes();
+        let answer: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        assert_eq!(got, *status, "{method} {uri} {headers:?}: {answer}");
+        assert_eq!(answer["error_code"], *code, "{method} {uri}: {answer}");
+        assert!(
+            answer["items"].is_null(),
+            "{method} {uri}: a foreign page read the list"
+        );
+    }
+    assert_eq!(
+        handle(&f, "a").snapshot().seq,
+        seq,
+        "an attack changed the task"
+    );
+    assert_eq!(handle(&f, "a").stage(), Stage::Running);
+    assert_eq!(lives[0].now(), 1);
+
+    // The server's own page, and a script that is no browser, are served.
+    let (status, answer) = call(&router, "GET", "/v1/tasks", None, None).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    let mut request = axum::http::Request::builder()
+        .method("POST")
+        .uri("/v1/tasks/a/pause?wait=10s")
+        .header("origin", "http://127.0.0.1:8080");
+    for (name, value) in own {
+        request = request.header(name, value);
+    }
+    let response = router
+        .clone()
+        .oneshot(request.body(axum::body::Body::empty()).expect("a request"))
+        .await
+        .expect("infallible");
+    assert_eq!(response.status(), StatusCode::OK, "the own page's pause");
+    assert_eq!(handle(&f, "a").stage(), Stage::Paused);
+    assert_eq!(lives[0].now(), 0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_behind_the_ring_gets_a_gap_marker_with_the_count() {
     let (f, _, _) = fixture(&["a"], &[], Some(4)).await;

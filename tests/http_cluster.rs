@@ -53,6 +53,35 @@ async fn a_cluster_pause_answers_200_only_once_the_owners_run_returned() {
     let (status, answer) = call(&router, "POST", "/v1/tasks", Some(ADMIN), Some(body)).await;
     assert_eq!(status, StatusCode::CONFLICT, "{answer}");
     assert_eq!(answer["error_code"], "exists");
+    // JSON only where JSON is parsed: a body no HTML form could send. A form's
+    // (or a plain text) body is 415, and nothing is created.
+    for content_type in ["text/plain", "application/x-www-form-urlencoded", ""] {
+        use tower::ServiceExt;
+        let mut request = axum::http::Request::builder()
+            .method("POST")
+            .uri("/v1/tasks")
+            .header("authorization", format!("Bearer {ADMIN}"));
+        if !content_type.is_empty() {
+            request = request.header("content-type", content_type);
+        }
+        let request = request
+            .body(axum::body::Body::from(
+                br#"{"id":"formed","stage":"Running"}"#.to_vec(),
+            ))
+            .expect("a request");
+        let response = router.clone().oneshot(request).await.expect("infallible");
+        assert_eq!(
+            response.status(),
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "a create sent as {content_type:?}"
+        );
+    }
+    let (status, _) = call(&router, "GET", "/v1/tasks/formed", Some(READ), None).await;
+    assert_eq!(
+        status,
+        StatusCode::NOT_FOUND,
+        "a create without JSON wrote a task"
+    );
     let (status, answer) = call(
         &router,
         "POST",

@@ -62,6 +62,7 @@ mod error;
 mod hub;
 mod listing;
 mod local;
+mod origin;
 mod page;
 mod routes;
 
@@ -240,6 +241,7 @@ pub(crate) struct Shared {
     pub(crate) source: Box<dyn Source>,
     pub(crate) hub: Arc<Hub>,
     pub(crate) auth: Auth,
+    pub(crate) browsers: origin::Browsers,
     pub(crate) body_limit: usize,
     pub(crate) stuck_after: Duration,
 }
@@ -251,6 +253,7 @@ pub struct Api {
     source: Box<dyn Source>,
     hub: Arc<Hub>,
     auth: Auth,
+    browsers: origin::Browsers,
     body_limit: usize,
     stuck_after: Duration,
 }
@@ -271,6 +274,7 @@ impl Api {
             source,
             hub,
             auth: Auth::tokens(),
+            browsers: origin::Browsers::default(),
             body_limit: DEFAULT_BODY_LIMIT,
             stuck_after: DEFAULT_STUCK_AFTER,
         }
@@ -305,6 +309,29 @@ impl Api {
         self
     }
 
+    /// Allows the pages of `origin` (`https://ops.example.com`: scheme, host and port
+    /// if not the scheme's own) to send commands, as the server's own page may; with
+    /// [`Auth::open`], also to name the server by that host.
+    ///
+    /// Without it, a request that changes anything and carries an `Origin` other
+    /// than the server's own is refused (403 `cross_origin`), and with
+    /// [`Auth::open`] a `Host` that is not a loopback name is refused for every
+    /// route (403 `forbidden_host`: a page whose name was rebound to 127.0.0.1).
+    /// Clients that are not browsers send no `Origin` and are not concerned.
+    ///
+    /// ```
+    /// # use taskstage::http::{Api, Auth, LocalTasks};
+    /// # let tasks: LocalTasks = LocalTasks::new();
+    /// let api = Api::local(&tasks)
+    ///     .auth(Auth::tokens().admin("admin-token"))
+    ///     .allow_origin("https://ops.example.com");
+    /// # drop(api.router());
+    /// ```
+    pub fn allow_origin(mut self, origin: &str) -> Self {
+        self.browsers.allow(origin);
+        self
+    }
+
     /// The largest `POST` body accepted (413 beyond it); [`DEFAULT_BODY_LIMIT`]
     /// unless set.
     pub fn body_limit(mut self, bytes: usize) -> Self {
@@ -325,6 +352,7 @@ impl Api {
             source: self.source,
             hub: self.hub,
             auth: self.auth,
+            browsers: self.browsers,
             body_limit: self.body_limit,
             stuck_after: self.stuck_after,
         }))

@@ -61,7 +61,22 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
+        // Outermost: every route, the page and the fallbacks (see `origin`).
+        .layer(middleware::from_fn_with_state(
+            Arc::clone(&shared),
+            same_origin,
+        ))
         .with_state(shared)
+}
+
+async fn same_origin(State(shared): St, request: Request, next: Next) -> Response {
+    match shared
+        .browsers
+        .check(request.headers(), request.method(), shared.auth.is_open())
+    {
+        Ok(()) => next.run(request).await,
+        Err(error) => error.into_response(),
+    }
 }
 
 async fn authorize(State(shared): St, mut request: Request, next: Next) -> Response {
@@ -315,10 +330,25 @@ async fn command(
 async fn create(
     State(shared): St,
     RawQuery(query): RawQuery,
+    headers: axum::http::HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let fail = |e: ApiError| e.command("create");
     params(query.as_deref(), &[]).map_err(fail)?;
+    // JSON only where JSON is parsed: no HTML form can send this type, so no page
+    // of another origin can create a task without the browser asking first.
+    let json = headers
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/json"));
+    if !json {
+        return Err(fail(ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            "the body must be sent as Content-Type: application/json",
+        )));
+    }
     let body = body.map_err(|rejection| {
         let status = rejection.status();
         if status == StatusCode::PAYLOAD_TOO_LARGE {

@@ -107,6 +107,9 @@ pub(crate) async fn call(
     if let Some(token) = token {
         request = request.header("authorization", format!("Bearer {token}"));
     }
+    if body.is_some() {
+        request = request.header("content-type", "application/json");
+    }
     let request = request
         .body(body.map_or_else(Body::empty, Body::from))
         .expect("a valid request");
