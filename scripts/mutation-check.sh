@@ -2383,6 +2383,17 @@ m236() {
 EOF
 }
 
+m237() {
+  WHERE="bin/taskstage/main.rs: serve"
+  MUTANT="serve with no token given serves open, as --no-token does"
+  SUITE="--all-features --test cli serve_needs"
+  edit src/bin/taskstage/main.rs "async fn serve" <<'EOF'
+        if no_token {
+@@@@
+        if no_token || admin.is_none() {
+EOF
+}
+
 ALL=$(declare -F | awk '$3 ~ /^m[0-9]+$/ { print substr($3, 2) }' | sort -n | tr '\n' ' ')
 SELECTED=${MUTANTS:-$ALL}
 for n in $SELECTED; do

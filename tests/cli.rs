@@ -889,3 +889,129 @@ fn drain_returns_once_the_worker_holds_no_task_and_the_other_runs_them() {
         .expect("a read");
     assert_eq!(held, Vec::new(), "w1 claimed again");
 }
+
+/// One HTTP/1.1 request to `addr` over a fresh connection; the status code and the
+/// body (a short answer: the connection is closed after it).
+fn http(addr: &str, request_line: &str, headers: &[(&str, &str)]) -> (u16, String) {
+    use std::io::Write;
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect to serve");
+    stream.set_read_timeout(Some(WAIT)).expect("a read timeout");
+    let mut request = format!("{request_line} HTTP/1.1\r\nConnection: close\r\n");
+    if !headers
+        .iter()
+        .any(|(name, _)| name.eq_ignore_ascii_case("host"))
+    {
+        request.push_str(&format!("Host: {addr}\r\n"));
+    }
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("Content-Length: 0\r\n\r\n");
+    stream
+        .write_all(request.as_bytes())
+        .expect("send the request");
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    let status = answer
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP answer: {answer:?}"));
+    let body = answer
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// Starts `taskstage serve` on a free loopback port with `extra` arguments, and
+/// returns it with the lines it printed up to the one naming its address.
+fn start_serve(setup: &Setup, extra: &[&str]) -> (ChildGuard, String, Vec<String>) {
+    let mut child = Command::new(BIN)
+        .args(["--endpoints", &setup.endpoints(), "--prefix", PREFIX])
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .args(extra)
+        .env_remove("TASKSTAGE_ADMIN_TOKEN")
+        .env_remove("TASKSTAGE_READ_TOKEN")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start taskstage serve");
+    let lines = lines_of(child.stdout.take().expect("stdout"));
+    let child = ChildGuard::new(child);
+    let first = lines
+        .recv_timeout(WAIT)
+        .unwrap_or_else(|_| panic!("serve printed nothing within {WAIT:?}"));
+    let addr = first
+        .split("http://")
+        .nth(1)
+        .and_then(|rest| rest.split('/').next())
+        .unwrap_or_else(|| panic!("no address in {first:?}"))
+        .to_owned();
+    let mut printed = vec![first];
+    // The URL line, if any, follows at once.
+    if let Ok(line) = lines.recv_timeout(Duration::from_secs(1)) {
+        printed.push(line);
+    }
+    (child, addr, printed)
+}
+
+/// With no token given, `serve` makes one for the run and prints the page's URL
+/// with it: without it every route but health is 401, with it the API answers;
+/// `--no-token` serves loopback open, and still refuses a rebound name and a page
+/// of another origin.
+#[test]
+fn serve_needs_a_token_by_default_and_prints_the_url_that_carries_it() {
+    let Some(setup) = Setup::start(&[]) else {
+        return;
+    };
+    let (mut serve, addr, printed) = start_serve(&setup, &[]);
+    let url = printed
+        .iter()
+        .find_map(|l| l.trim().strip_prefix(&format!("http://{addr}/ui#token=")))
+        .unwrap_or_else(|| panic!("no URL with a token in {printed:?}"))
+        .to_owned();
+    assert!(url.len() >= 32, "a short token: {url:?}");
+    let bearer = format!("Bearer {url}");
+    assert_eq!(http(&addr, "GET /v1/tasks", &[]).0, 401);
+    assert_eq!(
+        http(&addr, "GET /v1/tasks", &[("Authorization", "Bearer guess")]).0,
+        401
+    );
+    let (status, body) = http(&addr, "GET /v1/tasks", &[("Authorization", &bearer)]);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(http(&addr, "GET /v1/health", &[]).0, 200);
+    // Even with the token, a command from a page of another origin is refused.
+    let (status, body) = http(
+        &addr,
+        "POST /v1/tasks/x/pause",
+        &[
+            ("Authorization", &bearer),
+            ("Origin", "http://evil.example"),
+        ],
+    );
+    assert_eq!(status, 403, "{body}");
+    signal_pid(serve.pid(), rustix::process::Signal::INT);
+    assert_eq!(wait_exit(&mut serve, WAIT, "serve after SIGINT"), 0);
+
+    let (mut open, addr, printed) = start_serve(&setup, &["--no-token"]);
+    assert!(
+        printed.iter().all(|l| !l.contains("#token=")),
+        "--no-token printed a token: {printed:?}"
+    );
+    assert_eq!(http(&addr, "GET /v1/tasks", &[]).0, 200);
+    let (status, body) = http(&addr, "GET /v1/tasks", &[("Host", "evil.example:8080")]);
+    assert_eq!(status, 403, "a rebound name read an open server: {body}");
+    let (status, body) = http(
+        &addr,
+        "POST /v1/tasks/x/pause",
+        &[("Origin", "http://evil.example")],
+    );
+    assert_eq!(status, 403, "{body}");
+    signal_pid(open.pid(), rustix::process::Signal::INT);
+    assert_eq!(
+        wait_exit(&mut open, WAIT, "serve --no-token after SIGINT"),
+        0
+    );
+}

@@ -160,6 +160,11 @@ pub(crate) enum Command {
         /// A token that may only read.
         #[arg(long, env = "TASKSTAGE_READ_TOKEN", hide_env_values = true)]
         read_token: Option<String>,
+        /// Serve with no token at all (loopback only). Without a token and without
+        /// this flag, serve makes an admin token for the run and prints the page's
+        /// URL with it.
+        #[arg(long, conflicts_with_all = ["admin_token", "read_token"])]
+        no_token: bool,
     },
     Completions {
         /// The shell.

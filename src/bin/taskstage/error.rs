@@ -172,6 +172,13 @@ pub(crate) enum CliError {
         /// Why.
         source: std::io::Error,
     },
+    /// `serve` could not make a token for the run (the operating system gave no
+    /// random bytes).
+    #[error("serve: cannot make a token for this run: {source}; set TASKSTAGE_ADMIN_TOKEN")]
+    Token {
+        /// Why.
+        source: getrandom::Error,
+    },
     /// Any other failure of the store or of its values.
     #[error("{command}: {error}")]
     Other {
@@ -308,7 +315,8 @@ impl CliError {
             | CliError::NotDrained { .. }
             | CliError::Other { .. }
             | CliError::Internal { .. }
-            | CliError::Output { .. } => REFUSED,
+            | CliError::Output { .. }
+            | CliError::Token { .. } => REFUSED,
         }
     }
 
@@ -317,6 +325,7 @@ impl CliError {
         match self {
             CliError::Usage { .. } => "usage",
             CliError::Listen { .. } => "cannot_listen",
+            CliError::Token { .. } => "no_token",
             CliError::InvalidPrefix { .. } => "invalid_prefix",
             CliError::InvalidTask { .. } => "invalid_task_id",
             CliError::UnknownStage { .. } => "unknown_stage",
@@ -441,6 +450,9 @@ impl CliError {
                 format!("`taskstage status {task}` shows where it is; please report this")
             }
             CliError::Output { .. } => "check where the output goes".into(),
+            CliError::Token { .. } => {
+                "choose a token with TASKSTAGE_ADMIN_TOKEN, or serve with --no-token".into()
+            }
         }
     }
 

@@ -133,22 +133,36 @@ async fn run(cli: &Cli) -> Outcome {
             listen,
             admin_token,
             read_token,
-        } => serve(cli, *listen, admin_token.as_deref(), read_token.as_deref()).await,
+            no_token,
+        } => {
+            serve(
+                cli,
+                *listen,
+                admin_token.as_deref(),
+                read_token.as_deref(),
+                *no_token,
+            )
+            .await
+        }
         Command::Completions { .. } => Ok(()), // handled before the runtime starts
     }
 }
 
 /// Serves the HTTP API until ctrl-c. Refuses, before it connects or binds anything,
-/// to listen beyond loopback without a token. No token is ever printed.
+/// to listen beyond loopback without a token. A token given is never printed; with
+/// none given (and no `--no-token`), one is made for the run and printed once, in
+/// the URL of the page.
 async fn serve(
     cli: &Cli,
     listen: std::net::SocketAddr,
     admin: Option<&str>,
     read: Option<&str>,
+    no_token: bool,
 ) -> Outcome {
     use taskstage::http::{Api, Auth};
     let admin = admin.filter(|t| !t.is_empty());
     let read = read.filter(|t| !t.is_empty());
+    let mut made = None;
     let auth = if admin.is_none() && read.is_none() {
         if !listen.ip().is_loopback() {
             return Err(vec![CliError::Usage {
@@ -157,7 +171,16 @@ async fn serve(
                 ),
             }]);
         }
-        Auth::open()
+        if no_token {
+            Auth::open()
+        } else {
+            // Any process or user of this machine can reach a loopback port: the
+            // default is a token only whoever started the server is told.
+            let token = made_token().map_err(|source| vec![CliError::Token { source }])?;
+            let auth = Auth::tokens().admin(token.as_str());
+            made = Some(token);
+            auth
+        }
     } else {
         let mut auth = Auth::tokens();
         if let Some(token) = admin {
@@ -189,9 +212,12 @@ async fn serve(
         &format!(
             "taskstage: serving the API of prefix {} on http://{addr}/v1/ and its status page on http://{addr}/ui ({})\n",
             cli.prefix,
-            if admin.is_some() || read.is_some() { "bearer tokens needed" } else { "no token needed: loopback only" }
+            if made.is_some() { "a token made for this run is needed: open the URL below, or set TASKSTAGE_ADMIN_TOKEN to choose one" } else if admin.is_some() || read.is_some() { "bearer tokens needed" } else { "no token needed: loopback only" }
         ),
     )?;
+    if let Some(token) = &made {
+        emit("serve", &format!("    http://{addr}/ui#token={token}\n"))?;
+    }
     axum::serve(listener, router)
         .with_graceful_shutdown(async {
             let _ = tokio::signal::ctrl_c().await;
@@ -221,6 +247,13 @@ fn task_id(command: &'static str, id: &str) -> Result<TaskId, CliError> {
 }
 
 /// Writes to stdout; a closed pipe (`| head`) ends the output quietly.
+/// 32 random bytes from the operating system, as hex: an admin token for one run.
+fn made_token() -> Result<String, getrandom::Error> {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes)?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
 fn emit(command: &'static str, text: &str) -> Result<(), Vec<CliError>> {
     let mut stdout = std::io::stdout().lock();
     match stdout
