@@ -2394,6 +2394,28 @@ m237() {
 EOF
 }
 
+m238() {
+  WHERE="bin/taskstage/serve.rs: serve, the connection limit"
+  MUTANT="at the limit a new connection is closed even when an idle one could make room (idle connections keep every request out)"
+  SUITE="--all-features --bin taskstage serve::"
+  edit src/bin/taskstage/serve.rs <<'EOF'
+                    .find(|(_, o)| o.in_flight.load(Ordering::SeqCst) == 0)
+@@@@
+                    .find(|(_, o)| o.in_flight.load(Ordering::SeqCst) == usize::MAX)
+EOF
+}
+
+m239() {
+  WHERE="bin/taskstage/serve.rs: serve, the header read"
+  MUTANT="a request's head, or the next one on an idle connection, may take hyper's default 30 s"
+  SUITE="--all-features --bin taskstage serve::"
+  edit src/bin/taskstage/serve.rs <<'EOF'
+                .header_read_timeout(limits.header_read)
+@@@@
+                .header_read_timeout(Duration::from_secs(30))
+EOF
+}
+
 ALL=$(declare -F | awk '$3 ~ /^m[0-9]+$/ { print substr($3, 2) }' | sort -n | tr '\n' ' ')
 SELECTED=${MUTANTS:-$ALL}
 for n in $SELECTED; do

@@ -10,6 +10,7 @@
 mod args;
 mod error;
 mod render;
+mod serve;
 
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -218,17 +219,16 @@ async fn serve(
     if let Some(token) = &made {
         emit("serve", &format!("    http://{addr}/ui#token={token}\n"))?;
     }
-    axum::serve(listener, router)
-        .with_graceful_shutdown(async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
-        .await
-        .map_err(|source| {
-            vec![CliError::Listen {
-                addr: addr.to_string(),
-                source,
-            }]
-        })
+    serve::serve(listener, router, serve::Limits::default(), async {
+        let _ = tokio::signal::ctrl_c().await;
+    })
+    .await
+    .map_err(|source| {
+        vec![CliError::Listen {
+            addr: addr.to_string(),
+            source,
+        }]
+    })
 }
 
 /// Checks the prefix, then connects: an unusable prefix is bad input even when the
