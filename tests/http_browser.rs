@@ -77,8 +77,9 @@ async fn start_driver(chromedriver: &PathBuf) -> Driver {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_page_lists_commands_and_follows_the_tasks_live() {
+/// Chromium and chromedriver, or `None` (and a line saying so) when either is
+/// missing; under `CI=true` a missing one fails the test.
+fn browser_tools() -> Option<(PathBuf, PathBuf)> {
     let (Some(chromium), Some(chromedriver)) = (
         find(&["chromium", "chromium-browser", "google-chrome"]),
         find(&["chromedriver"]),
@@ -88,6 +89,176 @@ async fn the_page_lists_commands_and_follows_the_tasks_live() {
             "chromium or chromedriver is missing (run scripts/browser-setup.sh); under CI=true this fails"
         );
         println!("skipped: chromium or chromedriver is missing (run scripts/browser-setup.sh)");
+        return None;
+    };
+    Some((chromium, chromedriver))
+}
+
+/// A headless browser session, with `extra` arguments for Chromium.
+async fn session(
+    chromium: &PathBuf,
+    chromedriver: &PathBuf,
+    extra: &[&str],
+) -> (Driver, fantoccini::Client) {
+    let driver = start_driver(chromedriver).await;
+    let mut args = vec![
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--window-size=1100,420",
+    ];
+    args.extend_from_slice(extra);
+    let mut caps = serde_json::Map::new();
+    caps.insert(
+        "goog:chromeOptions".into(),
+        serde_json::json!({ "binary": chromium, "args": args }),
+    );
+    let client = ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+        .capabilities(caps)
+        .connect(&format!("http://127.0.0.1:{}", driver.port))
+        .await
+        .expect("a browser session");
+    (driver, client)
+}
+
+/// Waits until the page's title starts with `done`, and returns it.
+async fn title_when_done(client: &fantoccini::Client) -> String {
+    let deadline = tokio::time::Instant::now() + WITHIN;
+    // Bounded by the deadline.
+    loop {
+        let title = client.title().await.unwrap_or_default();
+        if title.starts_with("done") {
+            return title;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the page never finished; its title: {title:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The page of another origin, served beside an open API at `api`: it pauses,
+/// stops and creates through `fetch` (no-cors, no preflight) and through a form
+/// posted into a frame, tries to read the list, then writes what it saw into its
+/// title.
+fn attacker_page(api: &str) -> String {
+    format!(
+        r#"<!doctype html><html><body>
+<iframe name="sink"></iframe>
+<form id="f" method="POST" target="sink" action="http://{api}/v1/tasks">
+<input name="id" value="formed"></form>
+<script>
+const api = "http://{api}";
+const seen = [];
+const blind = (path, init) => fetch(api + path, Object.assign({{method: "POST", mode: "no-cors"}}, init))
+  .then(() => seen.push("sent " + path), e => seen.push("failed " + path));
+const framed = new Promise(done => {{ document.querySelector("iframe").onload = done; }});
+Promise.all([
+  blind("/v1/tasks/victim/pause?wait=0"),
+  blind("/v1/tasks/victim/stop?wait=0"),
+  blind("/v1/tasks", {{headers: {{"Content-Type": "text/plain"}}, body: JSON.stringify({{id: "fetched"}})}}),
+  fetch(api + "/v1/tasks").then(r => r.text()).then(t => seen.push("READ " + t), e => seen.push("unreadable")),
+  framed,
+  Promise.resolve().then(() => document.getElementById("f").submit()),
+]).then(() => {{ document.title = "done " + seen.join(" | "); }});
+</script></body></html>"#
+    )
+}
+
+/// Under `Auth::open()` (no token), what a browser on the operator's machine can
+/// be made to do by a page: a page of another origin sends commands (fetches and a
+/// form, which a browser sends across origins without asking) and reads, and a page
+/// whose own name was rebound to 127.0.0.1 (Chromium's resolver rules) reads and
+/// commands as its own origin. Nothing changes and nothing is read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_of_another_origin_changes_and_reads_nothing_on_an_open_server() {
+    let Some((chromium, chromedriver)) = browser_tools() else {
+        return;
+    };
+    let live = Live::default();
+    let victim = Task::builder("victim")
+        .unit(Probe {
+            live: live.clone(),
+            hold: None,
+        })
+        .spawn()
+        .expect("spawned");
+    victim.wait_for_stage(|s| s == Stage::Running).await;
+    let seq = victim.snapshot().seq;
+    let tasks = LocalTasks::new();
+    tasks.add(&victim);
+    let router = Api::local(&tasks).auth(Auth::open()).router();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a listener");
+    let api = listener.local_addr().expect("its address");
+    let server = tokio::spawn(async move { axum::serve(listener, router).await });
+    let page = attacker_page(&api.to_string());
+    let evil = axum::Router::new().route(
+        "/",
+        axum::routing::get(move || async move { axum::response::Html(page) }),
+    );
+    let evil_listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a listener");
+    let evil_addr = evil_listener.local_addr().expect("its address");
+    let evil_server = tokio::spawn(async move { axum::serve(evil_listener, evil).await });
+
+    let rule = "--host-resolver-rules=MAP rebound.test 127.0.0.1";
+    let (driver, client) = session(&chromium, &chromedriver, &[rule]).await;
+
+    // Another origin (another port of 127.0.0.1).
+    client
+        .goto(&format!("http://{evil_addr}/"))
+        .await
+        .expect("the page loads");
+    let title = title_when_done(&client).await;
+    assert!(
+        !title.contains("READ"),
+        "a page of another origin read the API: {title}"
+    );
+
+    // A rebound name: the browser takes the API for the page's own origin.
+    client
+        .goto(&format!("http://rebound.test:{}/ui", api.port()))
+        .await
+        .expect("the page loads");
+    let seen = client
+        .execute(
+            r#"const out = [];
+            return Promise.all([
+              fetch("/v1/tasks").then(r => r.text().then(t => out.push(r.status + " " + t))),
+              fetch("/v1/tasks/victim/pause?wait=0", {method: "POST"}).then(r => out.push("pause " + r.status)),
+            ]).then(() => out.join(" | "), e => String(e));"#,
+            vec![],
+        )
+        .await
+        .expect("the script runs");
+    let seen = seen.as_str().unwrap_or_default().to_owned();
+    assert!(
+        seen.contains("403") && !seen.contains("victim\"") && seen.contains("pause 403"),
+        "under a rebound name: {seen}"
+    );
+
+    assert_eq!(
+        victim.snapshot().seq,
+        seq,
+        "a page changed the task ({title}; {seen})"
+    );
+    assert_eq!(victim.stage(), Stage::Running);
+    assert_eq!(live.now(), 1);
+    assert_eq!(tasks.len(), 1, "a page created a task");
+    client.close().await.expect("the session closes");
+    drop(driver);
+    server.abort();
+    evil_server.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_lists_commands_and_follows_the_tasks_live() {
+    let Some((chromium, chromedriver)) = browser_tools() else {
         return;
     };
 
@@ -121,20 +292,7 @@ async fn the_page_lists_commands_and_follows_the_tasks_live() {
     let addr = listener.local_addr().expect("its address");
     let server = tokio::spawn(async move { axum::serve(listener, router).await });
 
-    let driver = start_driver(&chromedriver).await;
-    let mut caps = serde_json::Map::new();
-    caps.insert(
-        "goog:chromeOptions".into(),
-        serde_json::json!({
-            "binary": chromium,
-            "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1100,420"],
-        }),
-    );
-    let client = ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
-        .capabilities(caps)
-        .connect(&format!("http://127.0.0.1:{}", driver.port))
-        .await
-        .expect("a browser session");
+    let (driver, client) = session(&chromium, &chromedriver, &[]).await;
     let wait_for = |css: String| {
         let client = client.clone();
         async move {
