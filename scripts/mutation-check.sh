@@ -2416,6 +2416,38 @@ m239() {
 EOF
 }
 
+m240() {
+  WHERE="cluster/worker/session.rs: Session::run, the stall check"
+  MUTANT="a worker whose loop stopped turning keeps its lease, and its tasks, for ever"
+  SUITE="--all-features --test cluster_promises a_worker_whose_loop_stalls"
+  edit src/cluster/worker/session.rs <<'EOF'
+            if stalled > timing.stall_bound_ms {
+@@@@
+            if stalled > timing.stall_bound_ms.saturating_mul(1000) {
+EOF
+}
+
+m241() {
+  WHERE="cluster/worker/reconcile.rs: reconcile, the turn tick"
+  MUTANT="a loop with nothing to learn of does not turn, and is taken for a stalled one"
+  SUITE="--all-features --test cluster_promises a_quiet_loop_is_not_taken"
+  edit src/cluster/worker/reconcile.rs <<'EOF'
+            _ = turn.tick() => {}
+@@@@
+EOF
+}
+
+m242() {
+  WHERE="cluster/worker/mod.rs: WorkerBuilder::check, the stall bound"
+  MUTANT="a stall bound shorter than two store call deadlines is accepted"
+  SUITE="--all-features --test cluster_overrun a_stall_bound_under"
+  edit src/cluster/worker/mod.rs <<'EOF'
+        if self.stall_bound < 2 * self.op_timeout {
+@@@@
+        if self.stall_bound < self.op_timeout / 2 {
+EOF
+}
+
 ALL=$(declare -F | awk '$3 ~ /^m[0-9]+$/ { print substr($3, 2) }' | sort -n | tr '\n' ' ')
 SELECTED=${MUTANTS:-$ALL}
 for n in $SELECTED; do

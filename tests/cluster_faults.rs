@@ -109,6 +109,9 @@ struct Spawn {
     block: Option<Block>,
     /// Its lease's TTL (the suite's [`TTL`] when `None`).
     ttl: Option<Duration>,
+    /// Its probes spin for good once the test creates `{id}.stall`, and its stall
+    /// bound is [`STALL_BOUND`].
+    stall: bool,
 }
 
 const ONE: Spawn = Spawn {
@@ -117,6 +120,7 @@ const ONE: Spawn = Spawn {
     cuttable: false,
     block: None,
     ttl: None,
+    stall: false,
 };
 
 impl Fleet {
@@ -149,6 +153,8 @@ impl Fleet {
             write_every: Some(how.write_every),
             block: how.block,
             ttl: how.ttl,
+            stall: how.stall,
+            stall_bound: how.stall.then_some(STALL_BOUND),
         };
         let child = WORKERS.spawn(id, endpoints, &self.dir, settings);
         overload::watch_exit(child.pid(), Arc::clone(&self.recorder), |_| {});
@@ -248,6 +254,32 @@ impl Fleet {
         let pid = proc.child.pid();
         drop(proc);
         self.recorder.fault(Fault::Killed, pid);
+    }
+
+    /// Waits for worker `id` to end by itself (within `within`), reaped and
+    /// recorded; returns its status.
+    async fn ended_by_itself(&mut self, id: &str, within: Duration) -> std::process::ExitStatus {
+        let at = self
+            .procs
+            .iter()
+            .position(|p| p.id == id)
+            .expect("a worker");
+        let pid = self.procs[at].child.pid();
+        let deadline = Instant::now() + within;
+        // Bounded by the deadline, polling every 20 ms.
+        let status = loop {
+            if let Some(status) = self.procs[at].child.try_wait() {
+                break status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "worker {id} did not end within {within:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        self.recorder.fault(Fault::Exited, pid);
+        self.procs.remove(at);
+        status
     }
 
     fn freeze(&self, id: &str) {
@@ -861,9 +893,7 @@ async fn a_hundred_tasks_over_three_workers_survive_one_killed() {
     let many = Spawn {
         capacity: 64,
         write_every: Duration::from_secs(1),
-        cuttable: false,
-        block: None,
-        ttl: None,
+        ..ONE
     };
     for id in ["w1", "w2", "w3"] {
         fleet.spawn(id, many);
@@ -1026,6 +1056,85 @@ async fn cpu_hogs_blocked_runtime_threads_and_a_duty_cycle_freeze_cost_no_safety
         stale.is_empty(),
         "stale writes accepted: {stale:?}; {verdict}"
     );
+    assert_passed(&verdict);
+}
+
+/// The stall bound of a worker process whose probes stall ([`Spawn::stall`]): the
+/// least a worker accepts with the default store call deadline of 1 s.
+const STALL_BOUND: Duration = Duration::from_secs(2);
+
+/// A worker whose units block every thread of its runtime for good: its lease
+/// lives on a thread of its own, so without a watchdog it would keep its tasks for
+/// ever, answering no command. Its reconcile loop stops turning; after the stall
+/// bound it gives the lease up, its guard finds the spinning runs alive at the last
+/// instant the lease allows and ends the process (status 75), and the other workers
+/// run its tasks within TTL + the stall bound + 5 s of the stall. The merged
+/// history shows no two runs of a task alive at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_whose_runtime_is_blocked_for_good_gives_its_tasks_up_within_the_bound() {
+    let Some(cluster) = EtcdCluster::start_or_skip(3) else {
+        return;
+    };
+    let mut fleet = Fleet::new(&cluster, false).await;
+    fleet.spawn("w1", Spawn { stall: true, ..ONE });
+    fleet.spawn("w2", ONE);
+    fleet.spawn("w3", ONE);
+    let ids = ["w1", "w2", "w3"];
+    for id in ids {
+        registered(&fleet, id).await;
+    }
+    let names: Vec<String> = (0..9).map(|i| format!("s{i}")).collect();
+    for task in &names {
+        create_running(&fleet, task).await;
+    }
+    for task in &names {
+        fleet.answered(task, LIVENESS, |_| true).await;
+    }
+    // Two runs on w1, one per thread of its runtime, so that its spinning probes
+    // hold every thread: fair shares give it three of the nine.
+    let deadline = Instant::now() + LIVENESS;
+    let held = loop {
+        let list = fleet.controller.list().await.expect("list the tasks");
+        let held: Vec<String> = list
+            .iter()
+            .filter(|s| s.owner.as_ref().is_some_and(|w| w.as_str() == "w1"))
+            .map(|s| s.task.as_str().to_owned())
+            .collect();
+        if held.len() >= 2 {
+            break held;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "w1 holds {held:?}, not two tasks, within {LIVENESS:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    for task in &held {
+        fleet.answered(task, LIVENESS, is("w1")).await;
+    }
+
+    std::fs::write(fleet.dir.join("w1.stall"), b"").expect("create w1's stall file");
+    let stalled = Instant::now();
+    eprintln!("w1's probes stall its runtime for good; it held {held:?}");
+    let bound = TTL + STALL_BOUND + Duration::from_secs(5);
+    for task in &held {
+        let within = bound.saturating_sub(stalled.elapsed());
+        fleet.answered(task, within, |w| w != "w1").await;
+    }
+    let moved = stalled.elapsed();
+    assert!(
+        moved >= STALL_BOUND,
+        "w1's tasks moved {moved:?} after the stall, before the stall bound"
+    );
+    let status = fleet.ended_by_itself("w1", Duration::from_secs(1)).await;
+    assert!(
+        overload::is_overrun(status),
+        "the stalled worker ended with {status}, not on an overrun"
+    );
+    eprintln!(
+        "w1's tasks answered by other workers {moved:?} after the stall; w1 ended with {status}"
+    );
+    let verdict = fleet.verdict(&names).await;
     assert_passed(&verdict);
 }
 

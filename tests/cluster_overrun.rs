@@ -567,6 +567,55 @@ async fn an_overrun_margin_not_less_than_the_stop_bound_is_refused_and_nothing_w
     assert!(store.dump().is_empty(), "a refused join wrote a key");
 }
 
+/// A stall bound shorter than two store call deadlines would take a loop that waits
+/// on one store call for a stalled one: refused, naming both, and nothing written.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_stall_bound_under_two_call_deadlines_is_refused_and_nothing_written() {
+    let store = MemoryCoordinator::new();
+    let op_timeout = Duration::from_millis(500);
+    for bound in [
+        Duration::ZERO,
+        op_timeout,
+        2 * op_timeout - Duration::from_millis(1),
+    ] {
+        let joined = Worker::builder(store.clone(), "stall", "w1")
+            .ttl(TTL)
+            .op_timeout(op_timeout)
+            .stall_bound(bound)
+            .lease_keeping(LeaseKeeping::SharedRuntime)
+            .join(|spec| {
+                Ok(Task::builder(spec.task.as_str()).unit(Blocking {
+                    block: Duration::ZERO,
+                    started: Arc::new(AtomicBool::new(false)),
+                }))
+            })
+            .await;
+        match joined {
+            Err(ClusterError::InvalidTiming { reason }) => assert!(
+                reason.contains("stall bound") && reason.contains("500ms"),
+                "the refusal does not say why: {reason}"
+            ),
+            other => panic!("stall bound {bound:?} was not refused: {other:?}"),
+        }
+    }
+    assert!(store.leases().is_empty(), "a refused join granted a lease");
+    assert!(store.dump().is_empty(), "a refused join wrote a key");
+    let joined = Worker::builder(store.clone(), "stall", "w1")
+        .ttl(TTL)
+        .op_timeout(op_timeout)
+        .stall_bound(2 * op_timeout)
+        .lease_keeping(LeaseKeeping::SharedRuntime)
+        .join(|spec| {
+            Ok(Task::builder(spec.task.as_str()).unit(Blocking {
+                block: Duration::ZERO,
+                started: Arc::new(AtomicBool::new(false)),
+            }))
+        })
+        .await
+        .expect("a stall bound of exactly two call deadlines is accepted");
+    joined.shutdown().await.expect("shutdown");
+}
+
 // ------------------------------------------------------------------ a shutdown
 
 /// A clean shutdown revokes the lease only once every run it stopped is gone: a

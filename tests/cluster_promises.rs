@@ -482,6 +482,197 @@ async fn a_worker_that_lost_its_lease_ends_only_once_its_runs_are_gone() {
     );
 }
 
+/// A run that, once `stall` is set, spins on its thread without yielding until
+/// `release` is set (or 60 s pass): with one thread in its runtime, nothing else of
+/// that runtime runs meanwhile, the worker's reconcile loop included.
+struct Spins {
+    stall: Arc<std::sync::atomic::AtomicBool>,
+    release: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Unit for Spins {
+    async fn run(&mut self, ctx: RunContext) -> Result<RunExit, RunError> {
+        // Bounded by the run's cancellation.
+        loop {
+            tokio::select! {
+                _ = ctx.cancelled() => return Ok(RunExit::Cancelled),
+                _ = tokio::time::sleep(Duration::from_millis(10)) => {}
+            }
+            if self.stall.load(Ordering::SeqCst) {
+                let end = std::time::Instant::now() + Duration::from_secs(60);
+                // Bounded by `release` or 60 s: a unit that holds its thread.
+                while !self.release.load(Ordering::SeqCst) && std::time::Instant::now() < end {
+                    std::hint::spin_loop();
+                }
+                self.stall.store(false, Ordering::SeqCst);
+            }
+        }
+    }
+}
+
+/// The stalled worker's own runtime, released and shut down however the test ends.
+struct Stalled {
+    runtime: Option<tokio::runtime::Runtime>,
+    release: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Drop for Stalled {
+    fn drop(&mut self) {
+        self.release.store(true, Ordering::SeqCst);
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+/// A worker whose loop stops turning (its unit holds the one thread of the
+/// application's runtime, for good as far as the worker can tell) gives its lease
+/// up once the loop has not turned for the stall bound: the keep-alives stop though
+/// the lease thread is fine, and another worker runs the task once the store
+/// expired the lease. When the loop turns again it finds the lease gone, and
+/// `closed` answers `LeaseLost` once the run is stopped. (The overrun policy only
+/// logs here, so that the test's process is not ended; under the default, the
+/// process would have ended before the store could expire the lease.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_whose_loop_stalls_gives_up_its_lease_and_its_task_runs_elsewhere() {
+    let store = MemoryCoordinator::new();
+    let stall = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let release = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let held = Stalled {
+        runtime: Some(
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .expect("a runtime of one thread"),
+        ),
+        release: Arc::clone(&release),
+    };
+    let ttl = Duration::from_secs(2);
+    let bound = Duration::from_secs(2);
+    let (for_stall, for_release) = (Arc::clone(&stall), Arc::clone(&release));
+    let builder = Worker::builder(store.clone(), "stall", "w1")
+        .ttl(ttl)
+        .stall_bound(bound)
+        .on_overrun(taskstage::cluster::OverrunPolicy::LogOnly);
+    let runtime = held.runtime.as_ref().expect("the runtime");
+    let mut w1 = runtime
+        .spawn(builder.join(move |spec| {
+            Ok(Task::builder(spec.task.as_str()).unit(Spins {
+                stall: Arc::clone(&for_stall),
+                release: Arc::clone(&for_release),
+            }))
+        }))
+        .await
+        .expect("the join task")
+        .expect("join on the in-memory store");
+    let controller = Controller::new(store.clone(), "stall").expect("a controller");
+    controller
+        .create("t", Vec::new(), DesiredStage::Running)
+        .await
+        .expect("create");
+    let running = controller
+        .resume_within("t", Duration::from_secs(10))
+        .await
+        .expect("running on w1");
+    assert_eq!(running.owner.as_str(), "w1");
+
+    stall.store(true, Ordering::SeqCst);
+    let stalled = std::time::Instant::now();
+    let w2 = Worker::builder(store.clone(), "stall", "w2")
+        .ttl(ttl)
+        .join(|spec| Ok(Task::builder(spec.task.as_str()).unit(Wait)))
+        .await
+        .expect("join w2");
+    // The bound, a keep-alive period, the TTL, and room for a claim.
+    let within = bound + ttl + Duration::from_secs(3);
+    let elsewhere = loop {
+        let status = controller.status("t").await.expect("status");
+        if status.owner.as_ref().is_some_and(|w| w.as_str() == "w2") {
+            break stalled.elapsed();
+        }
+        assert!(
+            stalled.elapsed() < within,
+            "the stalled worker still holds its task {within:?} after its loop stopped: {status:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(
+        elsewhere >= bound,
+        "the task left the stalled worker after {elsewhere:?}, before the stall bound"
+    );
+    assert_eq!(
+        w1.stop_deadline(),
+        None,
+        "the stalled worker still trusts its lease"
+    );
+
+    release.store(true, Ordering::SeqCst);
+    let closed = runtime
+        .spawn(async move {
+            let closed = tokio::time::timeout(Duration::from_secs(10), w1.closed()).await;
+            (closed, w1)
+        })
+        .await
+        .expect("the close task");
+    let (closed, w1) = closed;
+    let closed = closed.expect("the worker did not end once its loop turned again");
+    assert!(
+        matches!(&closed, Err(ClusterError::LeaseLost { worker }) if worker.as_str() == "w1"),
+        "{closed:?}"
+    );
+    drop(w1);
+    w2.shutdown().await.expect("shutdown w2");
+    drop(held);
+}
+
+/// A quiet loop is not a stalled one: with no change to learn of (keep-alives that
+/// fail for a while move no deadline, the store is still, the resync is a minute
+/// away) the loop still turns at least every quarter of the stall bound, so the
+/// worker keeps its lease through the whole quiet spell and its task runs on.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_quiet_loop_is_not_taken_for_a_stalled_one() {
+    let store = MemoryCoordinator::new();
+    let worker = Worker::builder(store.clone(), "quiet", "w1")
+        .lease_keeping(LeaseKeeping::SharedRuntime)
+        .ttl(Duration::from_secs(4))
+        .op_timeout(Duration::from_millis(100))
+        .stall_bound(Duration::from_millis(500))
+        .resync(Duration::from_secs(60))
+        .join(|spec| Ok(Task::builder(spec.task.as_str()).unit(Wait)))
+        .await
+        .expect("join on the in-memory store");
+    let controller = Controller::new(store.clone(), "quiet").expect("a controller");
+    controller
+        .create("t", Vec::new(), DesiredStage::Running)
+        .await
+        .expect("create");
+    controller
+        .resume_within("t", Duration::from_secs(5))
+        .await
+        .expect("running on w1");
+    // Well within the time a lease is trusted for (TTL·0.95 − 1 s), four stall
+    // bounds with nothing to learn of.
+    store.fail_keep_alives(worker.lease(), true);
+    let before = worker.stop_deadline().expect("a lease deadline");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        worker.stop_deadline(),
+        Some(before),
+        "a quiet loop was taken for a stalled one: the lease was given up"
+    );
+    store.fail_keep_alives(worker.lease(), false);
+    eventually(
+        Duration::from_secs(2),
+        "a keep-alive answered again",
+        || worker.stop_deadline().filter(|at| *at > before),
+    )
+    .await;
+    let status = controller.status("t").await.expect("status");
+    assert_eq!(status.owner.as_ref().map(|w| w.as_str()), Some("w1"));
+    worker.shutdown().await.expect("shutdown");
+}
+
 /// Stopped is final: a later desired stage other than Stopped is refused and changes
 /// nothing.
 #[tokio::test(flavor = "current_thread", start_paused = true)]

@@ -21,8 +21,10 @@
 //! - optional: `{env}_UNFENCED` (`1` turns on the worker's hidden unfenced switch),
 //!   `{env}_CAPACITY`, `{env}_WRITE_MS` (a probe's write period), `{env}_BLOCK`
 //!   (`{every ms},{span ms}`: the probes block the runtime's threads, see
-//!   [`super::overload::Blocker`]), `{env}_PREFIX` (another key prefix, for a session
-//!   run by hand).
+//!   [`super::overload::Blocker`]), `{env}_STALL` (`1`: once a file `{id}.stall`
+//!   appears in `{env}_DIR`, every probe spins on its thread without yielding, for
+//!   good as far as the worker can tell), `{env}_STALL_BOUND_MS` (the worker's stall
+//!   bound), `{env}_PREFIX` (another key prefix, for a session run by hand).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -112,6 +114,10 @@ pub(crate) struct Settings {
     pub(crate) block: Option<Block>,
     /// `{env}_TTL_MS`: the lease's TTL ([`TTL`] when unset).
     pub(crate) ttl: Option<Duration>,
+    /// `{env}_STALL`: the probes spin for good once the file `{id}.stall` appears.
+    pub(crate) stall: bool,
+    /// `{env}_STALL_BOUND_MS`: the worker's stall bound (its default when unset).
+    pub(crate) stall_bound: Option<Duration>,
 }
 
 impl WorkerKind {
@@ -174,6 +180,12 @@ impl WorkerKind {
         if let Some(ttl) = settings.ttl {
             command.env(self.var("TTL_MS"), ttl.as_millis().to_string());
         }
+        if settings.stall {
+            command.env(self.var("STALL"), "1");
+        }
+        if let Some(bound) = settings.stall_bound {
+            command.env(self.var("STALL_BOUND_MS"), bound.as_millis().to_string());
+        }
         let child = command
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
@@ -212,6 +224,9 @@ pub(crate) fn worker_process(kind: &WorkerKind) {
     let ttl = kind.optional("TTL_MS").map_or(TTL, |ms| {
         Duration::from_millis(ms.parse().expect("a TTL in ms"))
     });
+    let stall_bound = kind
+        .optional("STALL_BOUND_MS")
+        .map(|ms| Duration::from_millis(ms.parse().expect("a stall bound in ms")));
     let (factory, mut joins) = factory(kind, &id);
     // The test holds the other end of stdin: when it goes away, so does this.
     exit_when_stdin_closes();
@@ -244,6 +259,9 @@ pub(crate) fn worker_process(kind: &WorkerKind) {
                 .unfenced_for_tests(unfenced);
             if let Some(capacity) = capacity {
                 builder = builder.capacity(capacity);
+            }
+            if let Some(bound) = stall_bound {
+                builder = builder.stall_bound(bound);
             }
             let factory = Arc::clone(&factory);
             match builder.join(move |spec| factory(spec)).await {
@@ -299,6 +317,10 @@ fn factory(kind: &WorkerKind, id: &str) -> (Arc<Factory>, Option<std::fs::File>)
         Blocker::new(block, RUNTIME_THREADS)
     });
     let dir = PathBuf::from(required_env(&kind.var("DIR")));
+    let stall = kind
+        .optional("STALL")
+        .is_some_and(|v| v == "1")
+        .then(|| Arc::new(dir.join(format!("{id}.stall"))));
     let name = format!("worker-{id}-{}", std::process::id());
     let recorder = Recorder::create(&dir, &name).expect("create the worker's history file");
     let joins = std::fs::OpenOptions::new()
@@ -316,6 +338,7 @@ fn factory(kind: &WorkerKind, id: &str) -> (Arc<Factory>, Option<std::fs::File>)
             values,
             recorder: Arc::clone(&recorder),
             blocker: blocker.clone(),
+            stall: stall.clone(),
         }))
     };
     (Arc::new(factory), Some(joins))
@@ -336,7 +359,12 @@ struct Probe {
     values: Values,
     recorder: Arc<Recorder>,
     blocker: Option<Arc<Blocker>>,
+    /// Once this file exists, the probe spins on its thread without yielding.
+    stall: Option<Arc<PathBuf>>,
 }
+
+/// The longest a stalled probe spins: the test ends its process long before.
+const STALL_SPAN: Duration = Duration::from_secs(600);
 
 impl Values {
     /// The value of the `n`-th write of a run under `token`, and the write's id
@@ -390,6 +418,13 @@ impl Probe {
             tokio::select! {
                 () = ctx.cancelled() => return Ok(RunExit::Cancelled),
                 () = tokio::time::sleep(self.every) => {}
+            }
+            if self.stall.as_ref().is_some_and(|file| file.exists()) {
+                let until = std::time::Instant::now() + STALL_SPAN;
+                // Bounded by the span: a busy loop that never yields to the runtime.
+                while std::time::Instant::now() < until {
+                    std::hint::spin_loop();
+                }
             }
             let (value, id) = self.values.of(&token, n);
             let sent = now_ns();

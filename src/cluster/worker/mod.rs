@@ -29,7 +29,7 @@ mod session;
 mod view;
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -138,6 +138,7 @@ pub struct WorkerBuilder {
     lease_keeping: LeaseKeeping,
     overrun: OverrunPolicy,
     overrun_margin: Option<Duration>,
+    stall_bound: Duration,
 }
 
 impl std::fmt::Debug for WorkerBuilder {
@@ -154,6 +155,7 @@ impl std::fmt::Debug for WorkerBuilder {
             .field("lease_keeping", &self.lease_keeping)
             .field("overrun", &self.overrun)
             .field("overrun_margin", &self.margin())
+            .field("stall_bound", &self.stall_bound)
             .finish_non_exhaustive()
     }
 }
@@ -233,6 +235,31 @@ impl WorkerBuilder {
         self
     }
 
+    /// How long the reconcile loop may go without turning before the worker gives
+    /// its lease up (default 10 s, at least twice the [store call
+    /// deadline](WorkerBuilder::op_timeout)).
+    ///
+    /// The loop turns on every change it learns of and, when there is none, at
+    /// least every quarter of the bound. A loop that has not turned for the bound
+    /// is stalled: the units (or the factory) hold every thread of the
+    /// application's runtime, or the loop waits on something that never comes. Its
+    /// worker answers no command and moves no task, though its lease, kept on a
+    /// thread of its own, would live on. So the keep-alives stop: from then on the
+    /// lease is treated as lost (every run is stopped), and a run not confirmed
+    /// gone at the last instant the lease allows meets the [`OverrunPolicy`] (by
+    /// default the process ends). The store expires the lease one TTL after the
+    /// last keep-alive; other workers then take the tasks over. A worker whose
+    /// loop stalls gives its tasks up within the bound, a keep-alive period and
+    /// the TTL.
+    ///
+    /// A factory or a unit that holds a runtime thread for longer than the bound,
+    /// while every other thread of the runtime is held too, makes its worker give
+    /// its lease up: choose a bound above the longest such hold.
+    pub fn stall_bound(mut self, bound: Duration) -> Self {
+        self.stall_bound = bound;
+        self
+    }
+
     fn margin(&self) -> Duration {
         self.overrun_margin.unwrap_or(self.stop_bound / 4)
     }
@@ -277,6 +304,15 @@ impl WorkerBuilder {
                      policy would act before a stop had its time",
                     self.margin(),
                     self.stop_bound
+                ),
+            });
+        }
+        if self.stall_bound < 2 * self.op_timeout {
+            return Err(ClusterError::InvalidTiming {
+                reason: format!(
+                    "stall bound {:?} is less than twice the store call deadline {:?}: a \
+                     loop waiting on one store call would count as stalled",
+                    self.stall_bound, self.op_timeout
                 ),
             });
         }
@@ -358,6 +394,7 @@ impl WorkerBuilder {
             stop_bound_ms: self.stop_bound.as_millis() as u64,
             margin_ms: self.margin().as_millis() as u64,
             keep_alive_every: self.keep_alive_every(rho),
+            stall_bound_ms: u64::try_from(self.stall_bound.as_millis()).unwrap_or(u64::MAX),
         };
         let first = decide::stop_at(0, timing.ttl_ms, rho, timing.stop_bound_ms);
         let exit_at = decide::exit_at(0, timing.ttl_ms, rho, timing.margin_ms);
@@ -404,6 +441,8 @@ impl WorkerBuilder {
             view: Mutex::new(BTreeMap::new()),
             lease_state: lease_tx,
             draining: AtomicBool::new(false),
+            turned: AtomicU64::new(0),
+            stall_bound: self.stall_bound,
         });
         let weak = Arc::downgrade(&inner);
         history.on_replaced(move |replaced| {
@@ -493,6 +532,12 @@ struct Inner {
     /// Whether a controller drained this worker, as the reconcile loop last saw it;
     /// for [`Worker::is_draining`].
     draining: AtomicBool,
+    /// When the reconcile loop last turned (ms since the epoch): written by the
+    /// loop, read by the session, which gives the lease up once it is older than
+    /// the stall bound.
+    turned: AtomicU64,
+    /// [`WorkerBuilder::stall_bound`]: how often, at least, the loop turns.
+    stall_bound: Duration,
 }
 
 #[derive(Clone)]
@@ -506,6 +551,19 @@ impl Inner {
         Instant::now()
             .saturating_duration_since(self.epoch)
             .as_millis() as u64
+    }
+
+    /// Records that the reconcile loop turned now.
+    fn turned(&self) {
+        // Relaxed: a timestamp the session compares with its clock; nothing else is
+        // published through it.
+        self.turned.store(self.now_ms(), Ordering::Relaxed);
+    }
+
+    /// How long the reconcile loop has gone without turning, at `now` (ms since
+    /// the epoch).
+    fn unturned_for(&self, now: u64) -> u64 {
+        now.saturating_sub(self.turned.load(Ordering::Relaxed))
     }
 
     fn at(&self, ms: u64) -> Instant {
@@ -610,6 +668,7 @@ impl Worker {
             lease_keeping: LeaseKeeping::default(),
             overrun: OverrunPolicy::default(),
             overrun_margin: None,
+            stall_bound: Duration::from_secs(10),
         }
     }
 

@@ -201,7 +201,14 @@ pub(super) async fn reconcile(
     let state = &mut loop_state;
     let mut resync = tokio::time::interval_at(Instant::now() + inner.resync, inner.resync);
     resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The loop turns at least this often, so that a quiet loop is not taken for a
+    // stalled one (WorkerBuilder::stall_bound).
+    let mut turn = tokio::time::interval(
+        (inner.stall_bound / 4).clamp(Duration::from_millis(1), Duration::from_secs(3600)),
+    );
+    turn.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
+        inner.turned();
         if shutdown.is_cancelled() {
             state.wind_down().await;
             return Ok(());
@@ -224,6 +231,7 @@ pub(super) async fn reconcile(
             state.step(&task, lease).await;
             decided += 1;
             if decided.is_multiple_of(256) {
+                inner.turned();
                 tokio::task::yield_now().await;
             }
         }
@@ -273,6 +281,7 @@ pub(super) async fn reconcile(
                     None => std::future::pending().await,
                 }
             } => state.retry_due(),
+            _ = turn.tick() => {}
         }
     }
 }

@@ -29,13 +29,17 @@ pub(super) struct Timing {
     /// How long before the lease may expire a run must be confirmed gone.
     pub(super) margin_ms: u64,
     pub(super) keep_alive_every: Duration,
+    /// How long the reconcile loop may go without turning before the lease is
+    /// given up.
+    pub(super) stall_bound_ms: u64,
 }
 
 /// The lease as the worker knows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct LeaseState {
     /// When to begin stopping runs (ms since the worker's epoch); `None` once the
-    /// store answered that the lease is gone.
+    /// store answered that the lease is gone, or the worker gave it up (its
+    /// reconcile loop stalled).
     pub(super) stop_at: Option<u64>,
     /// The last instant a run may still be alive (ms since the worker's epoch; see
     /// [`decide::exit_at`]). Only an answered keep-alive moves it, and nothing
@@ -66,6 +70,21 @@ impl Session {
             }
             if inner.history.replaced().is_some() {
                 // Treated like a lost lease: no answer is trusted any more.
+                return;
+            }
+            let stalled = inner.unturned_for(inner.now_ms());
+            if stalled > timing.stall_bound_ms {
+                // The worker answers no command and moves no task: its tasks are
+                // better run elsewhere. Treated like a lost lease; the store expires
+                // it one TTL after the last keep-alive, and the guard sees that no
+                // run outlives it.
+                tracing::error!(
+                    worker = %inner.id,
+                    stalled_ms = stalled,
+                    bound_ms = timing.stall_bound_ms,
+                    "the reconcile loop has not turned within the stall bound: giving the lease up"
+                );
+                lease_tx.send_modify(|state| state.stop_at = None);
                 return;
             }
             // Record when the keep-alive was sent, on the monotonic clock: only an
