@@ -2434,6 +2434,7 @@ m241() {
   edit src/cluster/worker/reconcile.rs <<'EOF'
             _ = turn.tick() => {}
 @@@@
+            _ = std::future::pending::<()>() => {}
 EOF
 }
 
