@@ -230,6 +230,117 @@ impl Coordinator for Racing {
     }
 }
 
+/// A store whose watches from the head are opened only once `open` is set, so
+/// that a command's watch begins after its read (which it runs beside) and misses
+/// what changes in between. Counts the listings and the watches from a past
+/// revision made while armed.
+#[derive(Clone)]
+struct LateWatch {
+    store: MemoryCoordinator,
+    open: tokio::sync::watch::Sender<bool>,
+    lists: Arc<std::sync::atomic::AtomicUsize>,
+    replays: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Coordinator for LateWatch {
+    pass_to_store!(grant, keep_alive, revoke, txn, wait_change);
+
+    fn list(&self, prefix: String) -> BoxFuture<'_, Result<Listing, ClusterError>> {
+        self.lists.fetch_add(1, Ordering::SeqCst);
+        self.store.list(prefix)
+    }
+
+    fn watch(&self, prefix: String, from: i64) -> BoxFuture<'_, Result<WatchStream, ClusterError>> {
+        Box::pin(async move {
+            if from != 0 {
+                self.replays.fetch_add(1, Ordering::SeqCst);
+            } else {
+                let mut open = self.open.subscribe();
+                let _ = open.wait_for(|open| *open).await;
+            }
+            self.store.watch(prefix, from).await
+        })
+    }
+}
+
+/// A command's watch is opened beside its read, from the store's head, so it may
+/// begin after the read and miss a change made in between. Here the task changes
+/// owner in that gap (w1's lease expires, w2 claims the task) and the watch sees
+/// only what follows the command's write: w2's report, from an owner the status
+/// read before does not know. The command reads again and is answered by w2,
+/// instead of waiting for a report of w1 that never comes.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_command_whose_watch_missed_an_owner_change_reads_again_and_is_answered() {
+    let store = MemoryCoordinator::new();
+    let (open, _) = tokio::sync::watch::channel(true);
+    let late = LateWatch {
+        store: store.clone(),
+        open,
+        lists: Arc::default(),
+        replays: Arc::default(),
+    };
+    let join = |id: &'static str| {
+        Worker::builder(store.clone(), "late", id)
+            .lease_keeping(LeaseKeeping::SharedRuntime)
+            .ttl(Duration::from_secs(2))
+            .stop_bound(Duration::from_millis(600))
+            .resync(Duration::from_millis(200))
+            .join(|spec| Ok(Task::builder(spec.task.as_str()).unit(Wait)))
+    };
+    let w1 = join("w1").await.expect("join w1");
+    let plain = Controller::new(store.clone(), "late").expect("a controller");
+    plain
+        .create("t", Vec::new(), DesiredStage::Running)
+        .await
+        .expect("create");
+    let running = plain
+        .resume_within("t", Duration::from_secs(10))
+        .await
+        .expect("running on w1");
+    assert_eq!(running.owner.as_str(), "w1");
+    let w2 = join("w2").await.expect("join w2");
+
+    late.open.send_replace(false);
+    let read_before = late.lists.load(Ordering::SeqCst);
+    let controller = Controller::new(late.clone(), "late").expect("a controller");
+    let pause =
+        tokio::spawn(async move { controller.pause_within("t", Duration::from_secs(20)).await });
+    eventually(
+        Duration::from_secs(1),
+        "the command read the status",
+        || (late.lists.load(Ordering::SeqCst) > read_before).then_some(()),
+    )
+    .await;
+    let gap = Instant::now();
+    store.expire_lease(w1.lease());
+    eventually(Duration::from_millis(500), "w2 ran t", || {
+        let running = w2
+            .observer(&taskstage::cluster::TaskId::new("t").ok()?)?
+            .stage()
+            == Stage::Running;
+        running.then_some(())
+    })
+    .await;
+    late.open.send_replace(true);
+    let paused = pause
+        .await
+        .expect("the command's task")
+        .expect("the pause was not answered by the new owner");
+    assert_eq!(paused.owner.as_str(), "w2");
+    assert_eq!(paused.stage, Stage::Paused);
+    assert!(
+        gap.elapsed() < Duration::from_secs(1),
+        "the gap outlasted the watch's deadline: the command may have watched from its read"
+    );
+    assert_eq!(
+        late.replays.load(Ordering::SeqCst),
+        0,
+        "the command watched from a past revision: no gap was made"
+    );
+    drop(w1);
+    w2.shutdown().await.expect("shutdown w2");
+}
+
 /// `set_desired` reads the desired stage, then writes only if it is unchanged: a write
 /// by someone else in between makes it a `Conflict` that writes nothing.
 #[tokio::test(flavor = "current_thread", start_paused = true)]

@@ -240,15 +240,22 @@ impl Controller {
         follow: bool,
     ) -> Result<Set, ClusterError> {
         let task = task.clone();
-        let watch = if follow {
+        let (watch, status) = if follow {
+            // The answer's watch is opened from the store's head (a watch from a
+            // past revision waits for etcd's catch-up loop, up to 100 ms), beside
+            // the read rather than before it: one round trip less before the
+            // write. It may so begin after the read's revision and miss a change
+            // made in between; `wait_answer` reads again when a report then seems
+            // to come from another owner than the one it knows.
             let dir = self.keys.task_dir(&task);
-            within(self.op_timeout, "watch task", self.coord.watch(dir, 0))
-                .await
-                .ok()
+            let (watch, status) = tokio::join!(
+                within(self.op_timeout, "watch task", self.coord.watch(dir, 0)),
+                self.status_of(&task)
+            );
+            (watch.ok(), status?)
         } else {
-            None
+            (None, self.status_of(&task).await?)
         };
-        let status = self.status_of(&task).await?;
         if status.desired == DesiredStage::Stopped {
             if desired != DesiredStage::Stopped {
                 return Err(ClusterError::Stopped { command, task });
@@ -507,6 +514,9 @@ impl Controller {
             // A watch opened before the read may deliver changes the read already
             // holds: only those after it are applied.
             let mut applied = status.revision;
+            // Up to which revision a report that seemed to come from another owner
+            // was checked by a read.
+            let mut checked = applied;
             // Bounded by the deadline: each message is applied or ends the watch.
             loop {
                 let message =
@@ -530,6 +540,19 @@ impl Controller {
                         if status.answers(revision) {
                             break;
                         }
+                        if applied > checked && foreign_answer(&status, revision) {
+                            // The watch may have begun after the read and missed an
+                            // owner change: the read says. A report that answers
+                            // under the owner the status knows needs no read: it
+                            // was written through that owner's fence, so its key
+                            // was never replaced since the read.
+                            checked = applied;
+                            status = self.reread(&task, status).await?;
+                            applied = applied.max(status.revision);
+                            if status.answers(revision) {
+                                break;
+                            }
+                        }
                     }
                     Some(Ok(WatchMessage::Compacted { .. })) | Some(Err(_)) | None => {
                         status = self.reread(&task, status).await?;
@@ -540,8 +563,8 @@ impl Controller {
         }
     }
 
-    /// The status read again after a lost watch; the last one known while the store
-    /// cannot be read.
+    /// The status read again after a lost watch (or a report from another owner than
+    /// the one known); the last one known while the store cannot be read.
     async fn reread(&self, task: &TaskId, last: TaskStatus) -> Result<TaskStatus, ClusterError> {
         match self.status_of(task).await {
             Ok(status) => Ok(status),
@@ -967,6 +990,17 @@ struct Set {
     before: TaskStatus,
     /// A watch of the task's keys from `before`, if asked for and opened.
     watch: Option<WatchStream>,
+}
+
+/// Whether `status` holds a report that would answer desired revision `revision`
+/// but names another owner (or owner key) than the one `status` knows.
+fn foreign_answer(status: &TaskStatus, revision: i64) -> bool {
+    status.desired_revision == revision
+        && status.current_observed().is_none()
+        && status
+            .observed
+            .as_ref()
+            .is_some_and(|o| o.desired_revision >= revision)
 }
 
 fn decode_desired(key: &str, kv: &KeyValue) -> Result<DesiredStage, ClusterError> {
