@@ -2449,6 +2449,48 @@ m242() {
 EOF
 }
 
+m243() {
+  WHERE="cluster/controller.rs: Controller::wait_answer, a report from an unknown owner"
+  MUTANT="a report that seems to come from another owner is not checked by a read"
+  SUITE="--all-features --test cluster_promises a_command_whose_watch_missed"
+  edit src/cluster/controller.rs <<'EOF'
+                        if applied > checked && foreign_answer(&status, revision) {
+@@@@
+                        if false && applied > checked && foreign_answer(&status, revision) {
+EOF
+}
+
+m244() {
+  WHERE="cluster/controller.rs: Controller::set, a command written without a read"
+  MUTANT="a pause or resume written before its read replaces any desired stage"
+  SUITE="--all-features --test cluster_promises a_command_written_without_a_read"
+  edit src/cluster/controller.rs <<'EOF'
+                    when: vec![Compare::Value(key.clone(), from.name().as_bytes().to_vec())],
+@@@@
+                    when: Vec::new(),
+EOF
+}
+
+m245() {
+  WHERE="cluster/controller.rs: Controller::set, the read after a write"
+  MUTANT="the status is read before the command's watch is open"
+  SUITE="--all-features --test cluster_promises a_pause_reads_after_its_watch_is_open"
+  edit src/cluster/controller.rs <<'EOF'
+                let (watch, written) = tokio::join!(
+                    watching,
+                    within(self.op_timeout, "set desired", self.coord.txn(txn))
+                );
+                let (watch, written) = (watch.ok(), written?);
+                // The watch was open before this read: the read and the watch
+                // together miss no change after the write.
+                let status = self.status_of(&task).await?;
+@@@@
+                let written = within(self.op_timeout, "set desired", self.coord.txn(txn)).await?;
+                let status = self.status_of(&task).await?;
+                let watch = watching.await.ok();
+EOF
+}
+
 ALL=$(declare -F | awk '$3 ~ /^m[0-9]+$/ { print substr($3, 2) }' | sort -n | tr '\n' ' ')
 SELECTED=${MUTANTS:-$ALL}
 for n in $SELECTED; do

@@ -263,12 +263,13 @@ impl Coordinator for LateWatch {
     }
 }
 
-/// A command's watch is opened beside its read, from the store's head, so it may
+/// A stop's watch is opened beside its read, from the store's head, so it may
 /// begin after the read and miss a change made in between. Here the task changes
 /// owner in that gap (w1's lease expires, w2 claims the task) and the watch sees
 /// only what follows the command's write: w2's report, from an owner the status
 /// read before does not know. The command reads again and is answered by w2,
-/// instead of waiting for a report of w1 that never comes.
+/// instead of waiting for a report of w1 that never comes. (A pause of a running
+/// task writes first and reads after its watch is open: it has no such gap.)
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_command_whose_watch_missed_an_owner_change_reads_again_and_is_answered() {
     let store = MemoryCoordinator::new();
@@ -303,8 +304,8 @@ async fn a_command_whose_watch_missed_an_owner_change_reads_again_and_is_answere
     late.open.send_replace(false);
     let read_before = late.lists.load(Ordering::SeqCst);
     let controller = Controller::new(late.clone(), "late").expect("a controller");
-    let pause =
-        tokio::spawn(async move { controller.pause_within("t", Duration::from_secs(20)).await });
+    let stop =
+        tokio::spawn(async move { controller.stop_within("t", Duration::from_secs(20)).await });
     eventually(
         Duration::from_secs(1),
         "the command read the status",
@@ -322,12 +323,12 @@ async fn a_command_whose_watch_missed_an_owner_change_reads_again_and_is_answere
     })
     .await;
     late.open.send_replace(true);
-    let paused = pause
+    let stopped = stop
         .await
         .expect("the command's task")
-        .expect("the pause was not answered by the new owner");
-    assert_eq!(paused.owner.as_str(), "w2");
-    assert_eq!(paused.stage, Stage::Paused);
+        .expect("the stop was not answered by the new owner");
+    assert_eq!(stopped.owner.as_str(), "w2");
+    assert_eq!(stopped.stage, Stage::Stopped);
     assert!(
         gap.elapsed() < Duration::from_secs(1),
         "the gap outlasted the watch's deadline: the command may have watched from its read"
@@ -339,6 +340,76 @@ async fn a_command_whose_watch_missed_an_owner_change_reads_again_and_is_answere
     );
     drop(w1);
     w2.shutdown().await.expect("shutdown w2");
+}
+
+/// A pause of a running task is written before its read, and the read waits for
+/// the command's watch to be open: a report the owner makes before the watch
+/// opens is in the read, and one made after it comes by the watch. Here the watch
+/// opens only after the owner has answered; a read made before that would hold
+/// the task still Running, and the watch, from the head, would never bring the
+/// answer.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_pause_reads_after_its_watch_is_open() {
+    let store = MemoryCoordinator::new();
+    let (open, _) = tokio::sync::watch::channel(true);
+    let late = LateWatch {
+        store: store.clone(),
+        open,
+        lists: Arc::default(),
+        replays: Arc::default(),
+    };
+    let worker = Worker::builder(store.clone(), "late", "w1")
+        .lease_keeping(LeaseKeeping::SharedRuntime)
+        .join(|spec| Ok(Task::builder(spec.task.as_str()).unit(Wait)))
+        .await
+        .expect("join");
+    let plain = Controller::new(store.clone(), "late").expect("a controller");
+    plain
+        .create("t", Vec::new(), DesiredStage::Running)
+        .await
+        .expect("create");
+    plain
+        .resume_within("t", Duration::from_secs(10))
+        .await
+        .expect("running on w1");
+
+    late.open.send_replace(false);
+    let controller = Controller::new(late.clone(), "late").expect("a controller");
+    let pause =
+        tokio::spawn(async move { controller.pause_within("t", Duration::from_secs(5)).await });
+    let id = taskstage::cluster::TaskId::new("t").expect("a task id");
+    eventually(Duration::from_secs(2), "w1 paused t", || {
+        let observer = worker.observer(&id)?;
+        (observer.stage() == Stage::Paused).then_some(())
+    })
+    .await;
+    let until = Instant::now() + Duration::from_secs(2);
+    // Bounded by `until`, 10 ms apart.
+    loop {
+        let status = plain.status("t").await.expect("status");
+        if status.answers(status.desired_revision) && status.current_observed().is_some() {
+            break;
+        }
+        assert!(Instant::now() < until, "w1 never reported the pause");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let reported = Instant::now();
+    late.open.send_replace(true);
+    let paused = pause
+        .await
+        .expect("the command's task")
+        .expect("the pause missed the answer made before its watch opened");
+    assert_eq!(paused.stage, Stage::Paused);
+    assert!(
+        reported.elapsed() < Duration::from_secs(1),
+        "the answer came only from a read after the deadline"
+    );
+    assert_eq!(
+        late.replays.load(Ordering::SeqCst),
+        0,
+        "the command watched from a past revision"
+    );
+    worker.shutdown().await.expect("shutdown");
 }
 
 /// `set_desired` reads the desired stage, then writes only if it is unchanged: a write
@@ -375,6 +446,58 @@ async fn set_desired_is_a_compare_and_set_on_the_desired_stage() {
         (status.desired, status.desired_revision),
         (DesiredStage::Running, revision)
     );
+}
+
+/// A pause of a task desired Running is written first, compared with the stage
+/// it replaces, without a read before it. A stop written by someone else just
+/// before that write makes the compare fail: the pause reads, finds the task
+/// stopped and is refused, naming it, and the stop stays. A resume that meets a
+/// pause written just before it is written after a read and waits for its answer.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_command_written_without_a_read_replaces_only_the_stage_it_expects() {
+    let store = MemoryCoordinator::new();
+    let racing = Racing::new(&store);
+    let controller = Controller::new(racing.clone(), "replace").expect("a controller");
+    controller
+        .create("t", Vec::new(), DesiredStage::Running)
+        .await
+        .expect("create");
+    racing.stage("desired", b"Stopped", None);
+    let result = controller.pause_within("t", Duration::from_secs(5)).await;
+    assert!(racing.landed(), "the race was never staged");
+    assert!(
+        matches!(
+            &result,
+            Err(ClusterError::Stopped { command: "pause", task }) if task.as_str() == "t"
+        ),
+        "a pause written over a stop: {result:?}"
+    );
+    let status = controller.status("t").await.expect("status");
+    assert_eq!(
+        status.desired,
+        DesiredStage::Stopped,
+        "the stop was overwritten by the pause"
+    );
+
+    controller
+        .create("u", Vec::new(), DesiredStage::Paused)
+        .await
+        .expect("create");
+    let worker = Worker::builder(store.clone(), "replace", "w1")
+        .lease_keeping(LeaseKeeping::SharedRuntime)
+        .join(|spec| Ok(Task::builder(spec.task.as_str()).unit(Wait)))
+        .await
+        .expect("join");
+    racing.stage("desired", b"Running", None);
+    let running = controller
+        .resume_within("u", Duration::from_secs(10))
+        .await
+        .expect("a resume that met an equal write");
+    assert!(racing.landed(), "the second race was never staged");
+    assert_eq!(running.stage, Stage::Running);
+    let status = controller.status("u").await.expect("status");
+    assert_eq!(status.desired, DesiredStage::Running);
+    worker.shutdown().await.expect("shutdown");
 }
 
 /// A worker never holds more tasks than its capacity: with capacity 2 and three tasks,

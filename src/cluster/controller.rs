@@ -224,14 +224,18 @@ impl Controller {
             .map(|set| set.revision)
     }
 
-    /// Writes the desired stage, compared with the one just read; returns the
-    /// desired revision to wait for and the status read before the write, and, when
-    /// `follow`, a watch of the task's keys opened before the read.
+    /// Writes the desired stage; returns the desired revision to wait for, the
+    /// task's status read around the write and, when `follow`, a watch of the
+    /// task's keys opened before that read.
     ///
-    /// Opened before the read, from the store's head on, the watch misses nothing
-    /// after the read, and etcd sends each change as it happens; a watch opened later
-    /// from a revision already past (any write anywhere moves the revision) is served
-    /// by etcd's catch-up loop, which runs every 100 ms.
+    /// The watch is opened from the store's head (a watch from a past revision
+    /// waits for etcd's catch-up loop, up to 100 ms), beside the first store call
+    /// rather than before it. A pause of a task desired Running, or a resume of one
+    /// desired Paused (the common cases), is written first, compared with the
+    /// stage it replaces, and the status is read after it, while the owner is
+    /// already answering: one round trip before the write instead of two. Any other
+    /// case is read first and written compared with the revision read, so that a
+    /// stopped task is refused and a conflict is named.
     async fn set(
         &self,
         task: &TaskId,
@@ -240,21 +244,44 @@ impl Controller {
         follow: bool,
     ) -> Result<Set, ClusterError> {
         let task = task.clone();
-        let (watch, status) = if follow {
-            // The answer's watch is opened from the store's head (a watch from a
-            // past revision waits for etcd's catch-up loop, up to 100 ms), beside
-            // the read rather than before it: one round trip less before the
-            // write. It may so begin after the read's revision and miss a change
-            // made in between; `wait_answer` reads again when a report then seems
-            // to come from another owner than the one it knows.
-            let dir = self.keys.task_dir(&task);
-            let (watch, status) = tokio::join!(
-                within(self.op_timeout, "watch task", self.coord.watch(dir, 0)),
-                self.status_of(&task)
-            );
-            (watch.ok(), status?)
-        } else {
-            (None, self.status_of(&task).await?)
+        let key = self.keys.desired(&task);
+        let dir = self.keys.task_dir(&task);
+        let watching = within(self.op_timeout, "watch task", self.coord.watch(dir, 0));
+        let (watch, status) = match (follow, replaces(desired)) {
+            (true, Some(from)) => {
+                let txn = Txn {
+                    when: vec![Compare::Value(key.clone(), from.name().as_bytes().to_vec())],
+                    then: vec![Op::Put {
+                        key: key.clone(),
+                        value: desired.name().as_bytes().to_vec(),
+                        lease: None,
+                    }],
+                };
+                let (watch, written) = tokio::join!(
+                    watching,
+                    within(self.op_timeout, "set desired", self.coord.txn(txn))
+                );
+                let (watch, written) = (watch.ok(), written?);
+                // The watch was open before this read: the read and the watch
+                // together miss no change after the write.
+                let status = self.status_of(&task).await?;
+                if written.succeeded {
+                    return Ok(Set {
+                        revision: written.revision,
+                        before: status,
+                        watch,
+                    });
+                }
+                (watch, status)
+            }
+            (true, None) => {
+                // Beside the read, the watch may begin after it and miss a change
+                // made in between; `wait_answer` reads again when a report then
+                // seems to come from another owner than the one it knows.
+                let (watch, status) = tokio::join!(watching, self.status_of(&task));
+                (watch.ok(), status?)
+            }
+            (false, _) => (None, self.status_of(&task).await?),
         };
         if status.desired == DesiredStage::Stopped {
             if desired != DesiredStage::Stopped {
@@ -270,7 +297,6 @@ impl Controller {
                 watch,
             });
         }
-        let key = self.keys.desired(&task);
         let txn = Txn {
             when: vec![Compare::ModRevision(key.clone(), status.desired_revision)],
             then: vec![Op::Put {
@@ -990,6 +1016,17 @@ struct Set {
     before: TaskStatus,
     /// A watch of the task's keys from `before`, if asked for and opened.
     watch: Option<WatchStream>,
+}
+
+/// The desired stage a command for `desired` replaces in the common case, written
+/// without a read before it: a pause replaces Running, a resume Paused. A stop
+/// is always read first.
+fn replaces(desired: DesiredStage) -> Option<DesiredStage> {
+    match desired {
+        DesiredStage::Paused => Some(DesiredStage::Running),
+        DesiredStage::Running => Some(DesiredStage::Paused),
+        DesiredStage::Stopped => None,
+    }
 }
 
 /// Whether `status` holds a report that would answer desired revision `revision`
