@@ -2450,17 +2450,6 @@ EOF
 }
 
 m243() {
-  WHERE="cluster/controller.rs: Controller::wait_answer, a report from an unknown owner"
-  MUTANT="a report that seems to come from another owner is not checked by a read"
-  SUITE="--all-features --test cluster_promises a_command_whose_watch_missed"
-  edit src/cluster/controller.rs <<'EOF'
-                        if applied > checked && foreign_answer(&status, revision) {
-@@@@
-                        if false && applied > checked && foreign_answer(&status, revision) {
-EOF
-}
-
-m244() {
   WHERE="cluster/controller.rs: Controller::set, a command written without a read"
   MUTANT="a pause or resume written before its read replaces any desired stage"
   SUITE="--all-features --test cluster_promises a_command_written_without_a_read"
@@ -2471,7 +2460,7 @@ m244() {
 EOF
 }
 
-m245() {
+m244() {
   WHERE="cluster/controller.rs: Controller::set, the read after a write"
   MUTANT="the status is read before the command's watch is open"
   SUITE="--all-features --test cluster_promises a_pause_reads_after_its_watch_is_open"

@@ -267,11 +267,12 @@ impl Coordinator for LateWatch {
 /// begin after the read and miss a change made in between. Here the task changes
 /// owner in that gap (w1's lease expires, w2 claims the task) and the watch sees
 /// only what follows the command's write: w2's report, from an owner the status
-/// read before does not know. The command reads again and is answered by w2,
-/// instead of waiting for a report of w1 that never comes. (A pause of a running
-/// task writes first and reads after its watch is open: it has no such gap.)
+/// read before does not know, and w2's release of the stopped task. The stop is
+/// answered by them, not left waiting for a report of w1 that never comes. (A
+/// pause of a running task writes first and reads after its watch is open: it has
+/// no such gap.)
 #[tokio::test(flavor = "current_thread", start_paused = true)]
-async fn a_command_whose_watch_missed_an_owner_change_reads_again_and_is_answered() {
+async fn a_stop_whose_watch_missed_an_owner_change_is_answered() {
     let store = MemoryCoordinator::new();
     let (open, _) = tokio::sync::watch::channel(true);
     let late = LateWatch {
@@ -342,11 +343,39 @@ async fn a_command_whose_watch_missed_an_owner_change_reads_again_and_is_answere
     w2.shutdown().await.expect("shutdown w2");
 }
 
+/// A worker's store whose reports of a Paused stage wait until `open` is set.
+#[derive(Clone)]
+struct HeldReport {
+    store: MemoryCoordinator,
+    open: tokio::sync::watch::Sender<bool>,
+}
+
+impl Coordinator for HeldReport {
+    pass_to_store!(grant, keep_alive, revoke, list, watch, wait_change);
+
+    fn txn(&self, txn: Txn) -> BoxFuture<'_, Result<TxnResult, ClusterError>> {
+        Box::pin(async move {
+            let paused = txn.then.iter().any(|op| match op {
+                Op::Put { key, value, .. } => {
+                    key.ends_with("/observed") && value.starts_with(b"stage=Paused\n")
+                }
+                Op::Delete { .. } => false,
+            });
+            if paused {
+                let mut open = self.open.subscribe();
+                let _ = open.wait_for(|open| *open).await;
+            }
+            self.store.txn(txn).await
+        })
+    }
+}
+
 /// A pause of a running task is written before its read, and the read waits for
 /// the command's watch to be open: a report the owner makes before the watch
-/// opens is in the read, and one made after it comes by the watch. Here the watch
-/// opens only after the owner has answered; a read made before that would hold
-/// the task still Running, and the watch, from the head, would never bring the
+/// opens is in the read, and one made after it comes by the watch. Here the
+/// owner's report is held until the pause's write is long done, and the watch
+/// opens only after the report; a read made before the watch would hold the
+/// task still Running, and the watch, from the head, would never bring the
 /// answer.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_pause_reads_after_its_watch_is_open() {
@@ -358,7 +387,12 @@ async fn a_pause_reads_after_its_watch_is_open() {
         lists: Arc::default(),
         replays: Arc::default(),
     };
-    let worker = Worker::builder(store.clone(), "late", "w1")
+    let (report, _) = tokio::sync::watch::channel(true);
+    let held = HeldReport {
+        store: store.clone(),
+        open: report,
+    };
+    let worker = Worker::builder(held.clone(), "late", "w1")
         .lease_keeping(LeaseKeeping::SharedRuntime)
         .join(|spec| Ok(Task::builder(spec.task.as_str()).unit(Wait)))
         .await
@@ -374,6 +408,7 @@ async fn a_pause_reads_after_its_watch_is_open() {
         .expect("running on w1");
 
     late.open.send_replace(false);
+    held.open.send_replace(false);
     let controller = Controller::new(late.clone(), "late").expect("a controller");
     let pause =
         tokio::spawn(async move { controller.pause_within("t", Duration::from_secs(5)).await });
@@ -383,6 +418,11 @@ async fn a_pause_reads_after_its_watch_is_open() {
         (observer.stage() == Stage::Paused).then_some(())
     })
     .await;
+    // Let every task that is ready run (a read among them) before the report.
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+    held.open.send_replace(true);
     let until = Instant::now() + Duration::from_secs(2);
     // Bounded by `until`, 10 ms apart.
     loop {

@@ -275,9 +275,11 @@ impl Controller {
                 (watch, status)
             }
             (true, None) => {
-                // Beside the read, the watch may begin after it and miss a change
-                // made in between; `wait_answer` reads again when a report then
-                // seems to come from another owner than the one it knows.
+                // A stop: beside the read, the watch may begin after it and miss a
+                // change made in between, an owner change among them. None keeps
+                // the stop from its answer: Stopped is terminal, and its owner
+                // releases the task once it has reported it (or its lease ends),
+                // and a terminal report of a task no one owns answers.
                 let (watch, status) = tokio::join!(watching, self.status_of(&task));
                 (watch.ok(), status?)
             }
@@ -540,9 +542,6 @@ impl Controller {
             // A watch opened before the read may deliver changes the read already
             // holds: only those after it are applied.
             let mut applied = status.revision;
-            // Up to which revision a report that seemed to come from another owner
-            // was checked by a read.
-            let mut checked = applied;
             // Bounded by the deadline: each message is applied or ends the watch.
             loop {
                 let message =
@@ -565,19 +564,6 @@ impl Controller {
                         status.revision = status.revision.max(head);
                         if status.answers(revision) {
                             break;
-                        }
-                        if applied > checked && foreign_answer(&status, revision) {
-                            // The watch may have begun after the read and missed an
-                            // owner change: the read says. A report that answers
-                            // under the owner the status knows needs no read: it
-                            // was written through that owner's fence, so its key
-                            // was never replaced since the read.
-                            checked = applied;
-                            status = self.reread(&task, status).await?;
-                            applied = applied.max(status.revision);
-                            if status.answers(revision) {
-                                break;
-                            }
                         }
                     }
                     Some(Ok(WatchMessage::Compacted { .. })) | Some(Err(_)) | None => {
@@ -1027,17 +1013,6 @@ fn replaces(desired: DesiredStage) -> Option<DesiredStage> {
         DesiredStage::Running => Some(DesiredStage::Paused),
         DesiredStage::Stopped => None,
     }
-}
-
-/// Whether `status` holds a report that would answer desired revision `revision`
-/// but names another owner (or owner key) than the one `status` knows.
-fn foreign_answer(status: &TaskStatus, revision: i64) -> bool {
-    status.desired_revision == revision
-        && status.current_observed().is_none()
-        && status
-            .observed
-            .as_ref()
-            .is_some_and(|o| o.desired_revision >= revision)
 }
 
 fn decode_desired(key: &str, kv: &KeyValue) -> Result<DesiredStage, ClusterError> {
