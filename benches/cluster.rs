@@ -8,11 +8,22 @@
 //! - `local_spawn_to_first_run`: `Task::builder(..).spawn()` of the same unit, until
 //!   its run has begun: what the task costs with no store in between.
 //!
+//!
 //! Only that span is timed: each task is stopped afterwards, untimed, so the number
 //! of live runs stays at zero between iterations. The store itself costs nothing
 //! here (no network, no disk); `tests/cluster_faults.rs`'s
 //! `figures_create_to_first_run_at_the_ttl_users_run` gives the same span on a
 //! real 3-member etcd (docs/cluster.md).
+//!
+//! A second group, `pause_through_a_store`, counts the store round trips on a
+//! pause's path: every read, write and watch opening of the controller and the
+//! worker waits 1 ms before the in-memory store answers it (a round trip to a
+//! store on the same machine under load), so a pause takes about as many
+//! milliseconds as it has round trips in sequence.
+//! - `cluster_pause_1ms_per_call`: `Controller::pause_within` of a running task,
+//!   until the owner's report of Paused has come back; the resume after it is not
+//!   timed.
+//! - `local_pause`: `Handle::pause_within` of the same unit, running locally.
 #![allow(
     clippy::incompatible_msrv,
     reason = "built on the toolchain CI uses; rust-version is the library's minimum"
@@ -23,10 +34,17 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use taskstage::cluster::{Controller, DesiredStage, MemoryCoordinator, Worker};
+use taskstage::cluster::{
+    BoxFuture, ClusterError, Controller, Coordinator, DesiredStage, Grant, KeepAlive, Listing,
+    MemoryCoordinator, Txn, TxnResult, WatchStream, Worker,
+};
 use taskstage::{RunContext, RunError, RunExit, Stage, Task, Unit};
 use tokio::runtime::Runtime;
 use tokio::sync::Semaphore;
+
+#[path = "../tests/support/pass_to_store.rs"]
+#[macro_use]
+mod pass_to_store;
 
 /// The TTL of the bench's worker: one users run.
 const TTL: Duration = Duration::from_secs(20);
@@ -151,5 +169,114 @@ fn create_to_first_run(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, create_to_first_run);
+/// How long each store call of `pause_through_a_store` waits before it is served.
+const CALL: Duration = Duration::from_millis(1);
+
+/// The in-memory store, with [`CALL`] before every read, write and watch opening.
+#[derive(Clone)]
+struct Distant {
+    store: MemoryCoordinator,
+}
+
+impl Coordinator for Distant {
+    pass_to_store!(grant, keep_alive, revoke, wait_change);
+
+    fn list(&self, prefix: String) -> BoxFuture<'_, Result<Listing, ClusterError>> {
+        Box::pin(async move {
+            tokio::time::sleep(CALL).await;
+            self.store.list(prefix).await
+        })
+    }
+
+    fn txn(&self, txn: Txn) -> BoxFuture<'_, Result<TxnResult, ClusterError>> {
+        Box::pin(async move {
+            tokio::time::sleep(CALL).await;
+            self.store.txn(txn).await
+        })
+    }
+
+    fn watch(&self, prefix: String, from: i64) -> BoxFuture<'_, Result<WatchStream, ClusterError>> {
+        Box::pin(async move {
+            tokio::time::sleep(CALL).await;
+            self.store.watch(prefix, from).await
+        })
+    }
+}
+
+/// `iters` cluster-wide pauses of one running task, each timed until answered;
+/// each is resumed after, untimed.
+async fn cluster_pauses(controller: &Controller, runs: &Semaphore, iters: u64) -> Duration {
+    let mut total = Duration::ZERO;
+    for _ in 0..iters {
+        let asked = Instant::now();
+        let paused = controller.pause_within("p", BOUND).await.expect("pause");
+        total += asked.elapsed();
+        assert_eq!(paused.stage, Stage::Paused);
+        controller.resume_within("p", BOUND).await.expect("resume");
+        started(runs, "the resumed task").await;
+    }
+    total
+}
+
+/// `iters` local pauses of one running task, each timed; each is resumed after,
+/// untimed.
+async fn local_pauses(handle: &taskstage::Handle, runs: &Semaphore, iters: u64) -> Duration {
+    let mut total = Duration::ZERO;
+    for _ in 0..iters {
+        let asked = Instant::now();
+        let stage = handle.pause_within(BOUND).await.expect("pause");
+        total += asked.elapsed();
+        assert_eq!(stage, Stage::Paused);
+        handle.resume_within(BOUND).await.expect("resume");
+        started(runs, "the resumed local task").await;
+    }
+    total
+}
+
+fn pause_through_a_store(c: &mut Criterion) {
+    let rt = runtime();
+    let runs = Arc::new(Semaphore::new(0));
+    let (controller, worker, handle) = rt.block_on(async {
+        let store = Distant {
+            store: MemoryCoordinator::new(),
+        };
+        let signal = Arc::clone(&runs);
+        let worker = Worker::builder(store.clone(), "pause", "w1")
+            .ttl(TTL)
+            .join(move |spec| {
+                Ok(Task::builder(spec.task.as_str()).unit(Started(Arc::clone(&signal))))
+            })
+            .await
+            .expect("join the store");
+        let controller = Controller::new(store, "pause").expect("a controller");
+        controller
+            .create("p", Vec::new(), DesiredStage::Running)
+            .await
+            .expect("create");
+        started(&runs, "the cluster's task").await;
+        let handle = Task::builder("local")
+            .unit(Started(Arc::clone(&runs)))
+            .spawn()
+            .expect("spawn");
+        started(&runs, "the local task").await;
+        (controller, worker, handle)
+    });
+    let mut group = c.benchmark_group("pause_through_a_store");
+    group.bench_function("cluster_pause_1ms_per_call", |b| {
+        b.iter_custom(|iters| rt.block_on(cluster_pauses(&controller, &runs, iters)))
+    });
+    group.bench_function("local_pause", |b| {
+        b.iter_custom(|iters| rt.block_on(local_pauses(&handle, &runs, iters)))
+    });
+    group.finish();
+    rt.block_on(async {
+        worker.shutdown().await.expect("the worker shuts down");
+        handle
+            .stop_within(BOUND)
+            .await
+            .expect("the local task stops");
+    });
+}
+
+criterion_group!(benches, create_to_first_run, pause_through_a_store);
 criterion_main!(benches);

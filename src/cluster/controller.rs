@@ -431,9 +431,9 @@ impl Controller {
         let deadline = started + timeout;
         let task = TaskId::new(task)?;
         // A store that cannot be reached, or is electing a leader, is tried again
-        // within the command's deadline: the write compares the revision it read,
-        // so a retry of a write that was applied after all only writes the same
-        // stage again.
+        // within the command's deadline: the write compares the stage it replaces
+        // or the revision it read, so a retry of a write that was applied after
+        // all only writes the same stage again.
         let mut pause = Duration::from_millis(50);
         // Bounded by the deadline.
         let set = loop {
