@@ -2480,6 +2480,28 @@ m244() {
 EOF
 }
 
+m245() {
+  WHERE="http/auth.rs: bearer_token, the scheme's case"
+  MUTANT="the Bearer scheme is matched case-sensitively"
+  SUITE="--features http --test http_api the_bearer_scheme"
+  edit src/http/auth.rs <<'EOF'
+        .eq_ignore_ascii_case(b"Bearer")
+@@@@
+        .eq(b"Bearer")
+EOF
+}
+
+m246() {
+  WHERE="http/routes.rs: forbid_framing"
+  MUTANT="answers no longer forbid framing"
+  SUITE="--features http --test http_api every_answer_forbids_framing"
+  edit src/http/routes.rs <<'EOF'
+    forbid_framing(response.headers_mut());
+@@@@
+    let _ = response.headers_mut();
+EOF
+}
+
 ALL=$(declare -F | awk '$3 ~ /^m[0-9]+$/ { print substr($3, 2) }' | sort -n | tr '\n' ' ')
 SELECTED=${MUTANTS:-$ALL}
 for n in $SELECTED; do

@@ -948,3 +948,86 @@ async fn a_change_is_in_the_next_listing_once_observed() {
         "the reporter stops"
     );
 }
+
+/// Sends `GET uri` with the given `authorization` value, and answers the status
+/// and the headers of the answer (its body is not read).
+async fn head_of(
+    router: &Router,
+    uri: &str,
+    authorization: Option<&str>,
+) -> (StatusCode, axum::http::HeaderMap) {
+    use tower::ServiceExt;
+    let mut request = axum::http::Request::builder().method("GET").uri(uri);
+    if let Some(value) = authorization {
+        request = request.header("authorization", value);
+    }
+    let request = request
+        .body(axum::body::Body::empty())
+        .expect("a valid request");
+    let response = tokio::time::timeout(WITHIN, router.clone().oneshot(request))
+        .await
+        .expect("the head of the answer within 10 s")
+        .expect("the router is infallible");
+    (response.status(), response.headers().clone())
+}
+
+/// The auth-scheme of `Authorization` is matched without regard to case (RFC 9110
+/// section 11.1, as RFC 7235 before it): `bearer`, `BEARER` and `Bearer` carry the
+/// same token; another scheme, or a token alone, is refused.
+#[tokio::test]
+async fn the_bearer_scheme_is_matched_without_regard_to_case() {
+    let (f, _, _) = fixture(&["a"], &[], None).await;
+    for scheme in ["Bearer", "bearer", "BEARER", "bEaReR"] {
+        let (status, _) = head_of(&f.router, "/v1/tasks", Some(&format!("{scheme} {READ}"))).await;
+        assert_eq!(status, StatusCode::OK, "scheme {scheme:?} was refused");
+    }
+    for value in [
+        format!("Basic {READ}"),
+        READ.to_owned(),
+        format!("Bearer{READ}"),
+        format!("Bearerx {READ}"),
+    ] {
+        let (status, _) = head_of(&f.router, "/v1/tasks", Some(&value)).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{value:?} was taken");
+    }
+}
+
+/// Every answer, the page's, the API's, an error's and an unknown route's, tells
+/// the browser not to frame it and not to guess its type: no page of another origin
+/// can put the status page under a click it does not show.
+#[tokio::test]
+async fn every_answer_forbids_framing_and_type_guessing() {
+    let (f, _, _) = fixture(&["a"], &[], None).await;
+    let admin = format!("Bearer {ADMIN}");
+    for (uri, authorization) in [
+        ("/ui", None),
+        ("/", None),
+        ("/v1/health", None),
+        ("/v1/tasks", Some(admin.as_str())),
+        ("/v1/tasks", None),
+        ("/v1/no-such-route", None),
+    ] {
+        let (status, headers) = head_of(&f.router, uri, authorization).await;
+        let header = |name: &str| {
+            headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        assert_eq!(
+            header("x-frame-options").as_deref(),
+            Some("DENY"),
+            "GET {uri} ({status})"
+        );
+        assert_eq!(
+            header("x-content-type-options").as_deref(),
+            Some("nosniff"),
+            "GET {uri} ({status})"
+        );
+        let policy = header("content-security-policy").unwrap_or_default();
+        assert!(
+            policy.contains("frame-ancestors 'none'"),
+            "GET {uri} ({status}): content-security-policy {policy:?}"
+        );
+    }
+}

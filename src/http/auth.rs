@@ -97,9 +97,7 @@ impl Auth {
         let value = headers
             .get(header::AUTHORIZATION)
             .ok_or_else(|| unauthorized("no bearer token: send Authorization: Bearer <token>"))?;
-        let given = value
-            .as_bytes()
-            .strip_prefix(b"Bearer ")
+        let given = bearer_token(value.as_bytes())
             .ok_or_else(|| unauthorized("the Authorization header is not a bearer token"))?;
         // Every token is compared, whatever matched before: the time depends on the
         // number and lengths of the tokens, not on the guess.
@@ -144,6 +142,17 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
         diff |= x ^ y;
     }
     diff == 0
+}
+
+/// The token of an `Authorization` value of the Bearer scheme. The scheme is
+/// matched without regard to case (RFC 9110, section 11.1); one or more spaces
+/// part it from the token.
+fn bearer_token(value: &[u8]) -> Option<&[u8]> {
+    let space = value.iter().position(|&b| b == b' ')?;
+    let (scheme, rest) = value.split_at(space);
+    scheme
+        .eq_ignore_ascii_case(b"Bearer")
+        .then(|| rest.trim_ascii_start())
 }
 
 #[cfg(test)]

@@ -70,12 +70,32 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
 }
 
 async fn same_origin(State(shared): St, request: Request, next: Next) -> Response {
-    match shared
-        .browsers
-        .check(request.headers(), request.method(), shared.auth.is_open())
-    {
-        Ok(()) => next.run(request).await,
-        Err(error) => error.into_response(),
+    let mut response =
+        match shared
+            .browsers
+            .check(request.headers(), request.method(), shared.auth.is_open())
+        {
+            Ok(()) => next.run(request).await,
+            Err(error) => error.into_response(),
+        };
+    forbid_framing(response.headers_mut());
+    response
+}
+
+/// Tells a browser that no page may frame this answer (so none can put the status
+/// page's buttons under a click it does not show) and that its type is the one
+/// given, never guessed from its bytes. Headers already set are kept.
+fn forbid_framing(headers: &mut axum::http::HeaderMap) {
+    use axum::http::header::{CONTENT_SECURITY_POLICY, X_CONTENT_TYPE_OPTIONS, X_FRAME_OPTIONS};
+    use axum::http::HeaderValue;
+    for (name, value) in [
+        (X_FRAME_OPTIONS, "DENY"),
+        (X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        (CONTENT_SECURITY_POLICY, "frame-ancestors 'none'"),
+    ] {
+        headers
+            .entry(name)
+            .or_insert(HeaderValue::from_static(value));
     }
 }
 
