@@ -2502,6 +2502,17 @@ m246() {
 EOF
 }
 
+m247() {
+  WHERE="http/routes.rs: health, a caller without a token"
+  MUTANT="health repeats the store's error text to anyone"
+  SUITE="--all-features --test http_cluster health_without_a_token"
+  edit src/http/routes.rs <<'EOF'
+    let detailed = shared.auth.scope_of(&headers).is_ok();
+@@@@
+    let detailed = shared.auth.scope_of(&headers).is_ok() || !headers.is_empty() || headers.is_empty();
+EOF
+}
+
 ALL=$(declare -F | awk '$3 ~ /^m[0-9]+$/ { print substr($3, 2) }' | sort -n | tr '\n' ' ')
 SELECTED=${MUTANTS:-$ALL}
 for n in $SELECTED; do

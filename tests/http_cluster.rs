@@ -462,3 +462,45 @@ async fn a_change_on_the_stream_is_in_the_next_listing() {
     }
     worker.shutdown().await.expect("the worker shuts down");
 }
+
+/// Health needs no token, so it tells a caller without one only that the store is
+/// unreachable: the store's own error text goes to a caller with a token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_without_a_token_does_not_repeat_the_stores_error_text() {
+    let store = MemoryCoordinator::new();
+    let controller = Controller::new(store.clone(), "app").expect("a controller");
+    let router = Api::cluster(controller)
+        .auth(Auth::tokens().admin(ADMIN).read_only(READ))
+        .router();
+    store.set_unreachable(true);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    // Bounded by the deadline, 20 ms apart: the API notices at its next listing.
+    let detailed = loop {
+        let (status, answer) = call(&router, "GET", "/v1/health", Some(READ), None).await;
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            break answer;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "health stayed {status} with the store unreachable: {answer}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let reasons = detailed["reasons"].to_string();
+    let detail = reasons
+        .split("store unreachable: ")
+        .nth(1)
+        .map(|rest| rest.trim_end_matches(['"', ']']).to_owned())
+        .unwrap_or_else(|| panic!("a token's holder was not told why: {reasons}"));
+    assert!(!detail.is_empty(), "{reasons}");
+    for token in [None, Some("guess")] {
+        let (status, answer) = call(&router, "GET", "/v1/health", token, None).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{answer}");
+        let brief = answer["reasons"].to_string();
+        assert!(brief.contains("store unreachable"), "{token:?}: {brief}");
+        assert!(
+            !brief.contains(&detail),
+            "{token:?}: health repeated the store's words {detail:?}: {brief}"
+        );
+    }
+}

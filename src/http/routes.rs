@@ -69,6 +69,10 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .with_state(shared)
 }
 
+/// Health's reason, for a caller without a token, when the tasks' store cannot
+/// be read.
+const UNREACHABLE_BRIEF: &str = "store unreachable (a token's holder sees why)";
+
 async fn same_origin(State(shared): St, request: Request, next: Next) -> Response {
     let mut response =
         match shared
@@ -464,8 +468,15 @@ async fn drain(
     }
 }
 
-async fn health(State(shared): St) -> Response {
+/// Health needs no token, so a caller without one learns what is wrong but not the
+/// store's own words (which may name its hosts and addresses): those go to a
+/// caller with a token, or to everyone on an open server.
+async fn health(State(shared): St, headers: HeaderMap) -> Response {
+    let detailed = shared.auth.scope_of(&headers).is_ok();
     let mut reasons = shared.source.problems();
+    if !detailed && !reasons.is_empty() {
+        reasons = vec![UNREACHABLE_BRIEF.to_owned()];
+    }
     match shared.source.listing().await {
         Ok(listing) => {
             let items = &listing.items;
@@ -485,7 +496,8 @@ async fn health(State(shared): St) -> Response {
                 }
             }
         }
-        Err(error) => reasons.push(error.msg),
+        Err(error) if detailed => reasons.push(error.msg),
+        Err(_) => reasons.push(UNREACHABLE_BRIEF.to_owned()),
     }
     reasons.dedup();
     if reasons.is_empty() {
