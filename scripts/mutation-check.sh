@@ -836,9 +836,9 @@ m53() {
   MUTANT="a task whose terminal status answers its desired revision is claimed again"
   SUITE="--all-features --lib cluster::decide"
   edit src/cluster/decide.rs <<'EOF'
-            Ownership::Unowned if view.capacity_left && !view.settled => Some(Action::Claim),
+            Ownership::Unowned if view.capacity_left && !view.settled && !view.draining => {
 @@@@
-            Ownership::Unowned if view.capacity_left => Some(Action::Claim),
+            Ownership::Unowned if view.capacity_left && !view.draining => {
 EOF
 }
 
@@ -1478,14 +1478,14 @@ EOF
 }
 
 m106() {
-  WHERE="cluster/worker/reconcile.rs: Reconciler::step, hand_over"
+  WHERE="cluster/decide.rs: gather, hand_over"
   MUTANT="a task whose release was sent is resumed when its hand-over is given up: the release, its answer lost, lands late and another worker runs the task beside it"
   SUITE="--all-features --test cluster_promises a_hand_over_whose_release_was_sent"
-  edit src/cluster/worker/reconcile.rs <<'EOF'
-                        s.releasing
-                            || (s.rest.is_some()
+  edit src/cluster/decide.rs <<'EOF'
+            s.releasing
+                || (s.rest.is_some()
 @@@@
-                        (s.rest.is_some()
+            (s.rest.is_some()
 EOF
 }
 
@@ -1789,9 +1789,9 @@ m125() {
   MUTANT="every task with a desired stage counts in the fair shares, stopped ones too: workers hand over running tasks to even out tasks that want no owner"
   SUITE="--all-features --test cluster_promises stopped_tasks_do_not_count"
   edit src/cluster/worker/reconcile.rs <<'EOF'
-            desired.is_some() && (record.owner.kv.is_some() || !settled(record, desired))
+            desired.is_some() && (record.owner.kv.is_some() || !settled(report, desired))
 @@@@
-            desired.is_some() || (record.owner.kv.is_some() || !settled(record, desired))
+            desired.is_some() || (record.owner.kv.is_some() || !settled(report, desired))
 EOF
 }
 
@@ -2510,6 +2510,28 @@ m247() {
     let detailed = shared.auth.scope_of(&headers).is_ok();
 @@@@
     let detailed = shared.auth.scope_of(&headers).is_ok() || !headers.is_empty() || headers.is_empty();
+EOF
+}
+
+m248() {
+  WHERE="cluster/decide.rs: gather, hand_over (the model runs the worker's own gathering)"
+  MUTANT="what was sent about a task no longer commits its hand-over: a task whose release or rest report was sent is resumed when the hand-over is given up"
+  SUITE="--all-features --test cluster_model hand_overs_keep_every_property"
+  edit src/cluster/decide.rs <<'EOF'
+            hand_over: known.picked_to_hand_over || committed,
+@@@@
+            hand_over: known.picked_to_hand_over,
+EOF
+}
+
+m249() {
+  WHERE="cluster/decide.rs: gather, published (the model runs the worker's own gathering)"
+  MUTANT="a report this worker published under an earlier token is taken as published under the current one, so the current run's report is never written"
+  SUITE="--all-features --test cluster_model the_protocol_keeps_every_property"
+  edit src/cluster/decide.rs <<'EOF'
+        .filter(|o| o.ours && Some(o.owner_revision) == token)
+@@@@
+        .filter(|o| o.ours)
 EOF
 }
 

@@ -1,5 +1,6 @@
-//! A stateright model of the cluster protocol, running the worker's real decision
-//! function (`taskstage::cluster::decide::decide`) against an abstract etcd.
+//! A stateright model of the cluster protocol, running the worker's real gathering
+//! and decision functions (`taskstage::cluster::decide::{gather, decide}`) against
+//! an abstract etcd.
 //!
 //! The abstract etcd has revisions, transactions (a claim creates the owner key
 //! only if absent; an owner's write compares the owner key's create revision and
@@ -101,7 +102,9 @@
 use std::time::Instant;
 
 use stateright::{Checker, Model, Property};
-use taskstage::cluster::decide::{decide, Action, Local, Ownership, Report, TaskView};
+use taskstage::cluster::decide::{
+    decide, gather, Action, Holding, Known, Local, ObservedKey, OwnerKey, Report, Sent, TaskView,
+};
 use taskstage::cluster::DesiredStage;
 use taskstage::Stage;
 
@@ -510,63 +513,53 @@ fn run_alive(stage: Option<Stage>) -> bool {
 }
 
 impl Cfg {
-    /// The inputs of `decide`, as the worker gathers them: from its cache, never
-    /// from the store.
+    /// The inputs of `decide`, gathered from the worker's cache (never from the
+    /// store) by the worker's own `gather`. The pre-fix worker kept no record of
+    /// refused keys or of what it sent, so it gathers without them.
     fn view(&self, s: &State, w: usize) -> TaskView {
         let wk = &s.workers[w];
         let cache = &wk.cache;
-        let desired = cache.desired();
-        let ownership = match cache.owner.value {
-            None => Ownership::Unowned,
-            Some(o) if !self.trust_cache && Some(o.create_rev) == wk.dead => Ownership::Other,
-            Some(o) if usize::from(o.worker) == w && Some(o.lease) == wk.lease => match wk.token {
-                Some(t) if t != o.create_rev => Ownership::Other,
-                _ => Ownership::Mine,
-            },
-            Some(_) => Ownership::Other,
-        };
-        let settled = cache.observed.value.is_some_and(|o| {
-            desired.is_some_and(|(stage, rev)| {
-                o.report.stage.is_terminal()
-                    && o.report.desired_revision == rev
-                    && stage.answered_by(o.report.stage, false)
-            })
-        });
-        let token = wk.token.or(match (ownership, cache.owner.value) {
-            (Ownership::Mine, Some(o)) => Some(o.create_rev),
-            _ => None,
-        });
-        let published = cache
-            .observed
-            .value
-            .filter(|o| usize::from(o.worker) == w && Some(o.token) == token)
-            .map(|o| o.report);
-        TaskView {
-            desired,
-            ownership,
-            settled,
-            local: wk.local.map(|stage| Local {
-                stage,
-                failed: false,
-                generation: 0,
+        let fixed = !self.trust_cache;
+        let known = Known {
+            desired: cache.desired(),
+            owner: cache.owner.value.map(|o| OwnerKey {
+                create_revision: o.create_rev,
+                ours: usize::from(o.worker) == w && Some(o.lease) == wk.lease,
             }),
-            acted: wk.acted,
-            published,
+            observed: cache.observed.value.map(|o| ObservedKey {
+                ours: usize::from(o.worker) == w,
+                owner_revision: o.token,
+                report: o.report,
+            }),
+            slot_token: wk.token,
+            refused: wk.dead.filter(|_| fixed),
+            holding: wk.local.map(|stage| Holding {
+                local: Local {
+                    stage,
+                    failed: false,
+                    generation: 0,
+                },
+                acted: wk.acted,
+                fence_rejected: wk.fence_rejected,
+                stopping: wk.stopping,
+                yielded: wk.yielded,
+            }),
+            // As the worker records them: under the token of the task it holds.
+            sent: wk
+                .token
+                .filter(|_| fixed && (wk.releasing || wk.rest_sent.is_some()))
+                .map(|token| Sent {
+                    token,
+                    rest: wk.rest_sent,
+                    releasing: wk.releasing,
+                }),
+            picked_to_hand_over: wk.hand_over,
             now: u64::from(s.now),
             stop_at: wk.stop_at.map(u64::from),
-            fence_rejected: wk.fence_rejected,
-            stopping: wk.stopping,
             capacity_left: true,
-            hand_over: wk.hand_over
-                || (!self.trust_cache && wk.releasing)
-                || (!self.trust_cache
-                    && wk.rest_sent.is_some()
-                    && desired.is_some_and(|(stage, rev)| {
-                        stage == DesiredStage::Running && wk.rest_sent == Some(rev)
-                    })),
-            yielded: wk.yielded,
             draining: wk.draining,
-        }
+        };
+        gather(&known).view
     }
 
     /// Whether a fenced write with `token` by `worker` under `lease` holds now.

@@ -3,10 +3,16 @@
 //! [`decide`] is the only place a worker decides what to do about a task: given
 //! what it read from the store (desired stage, ownership, the status it last
 //! published), what it holds locally (the task's stage), its lease deadline and the
-//! outcome of its last fenced write, it returns at most one [`Action`]. It performs
-//! no I/O, reads no clock and takes no lock; the worker (`worker.rs`) reads the
-//! inputs, calls it and carries the action out, and the stateright model
-//! (`tests/cluster_model.rs`) runs the very same function against an abstract etcd.
+//! outcome of its last fenced write, it returns at most one [`Action`]. [`gather`]
+//! is the only place those inputs are worked out: from what the worker [`Known`]s
+//! of the task (its cache of the task's keys, the slot it holds, the keys the store
+//! refused it, what it sent), it reads whose the key is, whether the task is
+//! settled, what this worker published under its token and whether a hand-over is
+//! committed. Neither performs I/O, reads a clock or takes a lock; the worker
+//! (`worker/reconcile.rs`) fills a [`Known`], calls both and carries the action out,
+//! and the stateright model (`tests/cluster_model.rs`) runs the very same two
+//! functions against an abstract etcd, so the model checks the gathering and the
+//! decision the worker ships.
 //!
 //! The loop is level-triggered, like kube-runtime's `reconcile`: every decision is
 //! taken from the current state, never from the event that woke the loop, so a lost
@@ -209,6 +215,171 @@ pub fn must_fence(stage: Stage) -> bool {
     !stage.is_terminal()
 }
 
+/// The owner key of a task, as the worker's cache holds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct OwnerKey {
+    /// The key's create revision: the fence token of whoever holds it.
+    pub create_revision: i64,
+    /// Whether the key's value is this worker's under its current lease.
+    pub ours: bool,
+}
+
+/// The observed key of a task, as the worker's cache holds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ObservedKey {
+    /// Whether this worker published it.
+    pub ours: bool,
+    /// The token (owner key's create revision) it was published under.
+    pub owner_revision: i64,
+    /// What it reports.
+    pub report: Report,
+}
+
+/// A local task the worker holds, with what the worker has done to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Holding {
+    /// The task as read for this decision.
+    pub local: Local,
+    /// The desired revision the worker last issued a resume or pause for.
+    pub acted: Option<i64>,
+    /// Whether a fenced write under the task's token was rejected.
+    pub fence_rejected: bool,
+    /// Whether a stop (or fence) of it is under way.
+    pub stopping: bool,
+    /// Whether it was paused for a hand-over since its last resume.
+    pub yielded: bool,
+}
+
+/// What the worker has sent about a task under one token: writes that may land
+/// late, whatever their answer said (invariant 6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Sent {
+    /// The token (owner key's create revision) they were sent under.
+    pub token: i64,
+    /// The desired revision of the last rest report (New, Paused) sent.
+    pub rest: Option<i64>,
+    /// Whether a release of the key was sent.
+    pub releasing: bool,
+}
+
+/// Everything a worker knows of one task when it decides about it: its cache of
+/// the task's keys (never a fresh read of the store) and its own records.
+/// [`gather`] reads the [`TaskView`] that [`decide`] takes out of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Known {
+    /// The desired stage and the revision of its last change, if readable.
+    pub desired: Option<(DesiredStage, i64)>,
+    /// The owner key, if present.
+    pub owner: Option<OwnerKey>,
+    /// The observed key, if present and readable.
+    pub observed: Option<ObservedKey>,
+    /// The token the worker holds the task under, if it holds a slot for it.
+    pub slot_token: Option<i64>,
+    /// An owner key (by create revision) the store refused as this worker's: it
+    /// is not the worker's, whatever the cache says of its value.
+    pub refused: Option<i64>,
+    /// The local task, if the worker holds one.
+    pub holding: Option<Holding>,
+    /// What the worker sent about the task, if anything.
+    pub sent: Option<Sent>,
+    /// Whether the worker has picked the task to hand over (fair shares).
+    pub picked_to_hand_over: bool,
+    /// Now, on the worker's monotonic clock (milliseconds).
+    pub now: u64,
+    /// When the worker must begin stopping its runs.
+    pub stop_at: Option<u64>,
+    /// Whether the worker has room for one more task.
+    pub capacity_left: bool,
+    /// Whether the worker is draining.
+    pub draining: bool,
+}
+
+/// A [`TaskView`] and the token the worker would act under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Gathered {
+    /// The inputs of [`decide`].
+    pub view: TaskView,
+    /// The token of the worker's slot, or of a key the cache shows as the
+    /// worker's: what `published` and `sent` are matched against.
+    pub token: Option<i64>,
+    /// Whether [`Known::sent`] was sent under another token than `token`: it is
+    /// settled, and the worker may forget it.
+    pub sent_is_stale: bool,
+}
+
+/// Whether a stored report is terminal and answers the current desired revision:
+/// nothing is left to do about the task.
+pub fn settled(observed: Option<Report>, desired: Option<(DesiredStage, i64)>) -> bool {
+    match (observed, desired) {
+        (Some(report), Some((stage, revision))) => {
+            report.stage.is_terminal()
+                && report.desired_revision == revision
+                && stage.answered_by(report.stage, report.failed)
+        }
+        _ => false,
+    }
+}
+
+/// Reads the inputs of [`decide`] out of what the worker knows of a task. Pure,
+/// like `decide`: the worker calls it at every step, and the stateright model
+/// (`tests/cluster_model.rs`) calls it on its abstract worker, so that the model
+/// checks the gathering the worker ships.
+pub fn gather(known: &Known) -> Gathered {
+    let ownership = match known.owner {
+        None => Ownership::Unowned,
+        // The store said this key is not ours: the cache lags behind it.
+        Some(key) if known.refused == Some(key.create_revision) => Ownership::Other,
+        Some(key) if key.ours => match known.slot_token {
+            // Ours by value, but not the key the slot was built under.
+            Some(token) if token != key.create_revision => Ownership::Other,
+            _ => Ownership::Mine,
+        },
+        Some(_) => Ownership::Other,
+    };
+    let token = match (known.slot_token, known.owner) {
+        (Some(token), _) => Some(token),
+        (None, Some(key)) if ownership == Ownership::Mine => Some(key.create_revision),
+        _ => None,
+    };
+    let published = known
+        .observed
+        .filter(|o| o.ours && Some(o.owner_revision) == token)
+        .map(|o| o.report);
+    let sent = known.sent.filter(|s| Some(s.token) == token);
+    let holding = known.holding;
+    // A hand-over is carried through once its release was sent, or once a rest
+    // report for this revision was (invariant 6): either may land late, after a
+    // resume.
+    let committed = holding.is_some()
+        && sent.is_some_and(|s| {
+            s.releasing
+                || (s.rest.is_some()
+                    && known.desired.is_some_and(|(stage, revision)| {
+                        stage == DesiredStage::Running && s.rest == Some(revision)
+                    }))
+        });
+    Gathered {
+        view: TaskView {
+            desired: known.desired,
+            ownership,
+            settled: settled(known.observed.map(|o| o.report), known.desired),
+            local: holding.map(|h| h.local),
+            acted: holding.and_then(|h| h.acted),
+            published,
+            now: known.now,
+            stop_at: known.stop_at,
+            fence_rejected: holding.is_some_and(|h| h.fence_rejected),
+            stopping: holding.is_some_and(|h| h.stopping),
+            capacity_left: known.capacity_left,
+            hand_over: known.picked_to_hand_over || committed,
+            yielded: holding.is_some_and(|h| h.yielded),
+            draining: known.draining,
+        },
+        token,
+        sent_is_stale: known.sent.is_some() && sent.is_none(),
+    }
+}
+
 /// Decides what to do about one task. Pure: see the module docs.
 pub fn decide(view: &TaskView) -> Option<Action> {
     let lease_ok = lease_allows(view.now, view.stop_at);
@@ -340,6 +511,135 @@ mod tests {
             failed: false,
             generation: 1,
         })
+    }
+
+    /// A worker holding the task under token 7, its key in the cache, its own
+    /// report of Running for desired revision 10 published under that token.
+    fn known() -> Known {
+        let report = Report {
+            stage: Stage::Running,
+            failed: false,
+            generation: 1,
+            desired_revision: 10,
+        };
+        Known {
+            desired: Some((DesiredStage::Running, 10)),
+            owner: Some(OwnerKey {
+                create_revision: 7,
+                ours: true,
+            }),
+            observed: Some(ObservedKey {
+                ours: true,
+                owner_revision: 7,
+                report,
+            }),
+            slot_token: Some(7),
+            refused: None,
+            holding: Some(Holding {
+                local: local(Stage::Running).expect("a local task"),
+                acted: Some(10),
+                fence_rejected: false,
+                stopping: false,
+                yielded: false,
+            }),
+            sent: None,
+            picked_to_hand_over: false,
+            now: 100,
+            stop_at: Some(1_000),
+            capacity_left: true,
+            draining: false,
+        }
+    }
+
+    #[test]
+    fn gather_reads_a_key_as_ours_only_under_our_token_and_unrefused() {
+        let g = gather(&known());
+        assert_eq!(g.view.ownership, Ownership::Mine);
+        assert_eq!(g.token, Some(7));
+        let mut other_slot = known();
+        other_slot.slot_token = Some(5);
+        assert_eq!(gather(&other_slot).view.ownership, Ownership::Other);
+        let mut refused = known();
+        refused.refused = Some(7);
+        assert_eq!(gather(&refused).view.ownership, Ownership::Other);
+        let mut theirs = known();
+        theirs.owner = Some(OwnerKey {
+            create_revision: 7,
+            ours: false,
+        });
+        assert_eq!(gather(&theirs).view.ownership, Ownership::Other);
+        let mut gone = known();
+        gone.owner = None;
+        gone.slot_token = None;
+        assert_eq!(gather(&gone).view.ownership, Ownership::Unowned);
+        assert_eq!(gather(&gone).token, None);
+    }
+
+    #[test]
+    fn gather_takes_as_published_only_a_report_under_the_current_token() {
+        assert!(gather(&known()).view.published.is_some());
+        let mut older = known();
+        older.slot_token = Some(9);
+        older.owner = Some(OwnerKey {
+            create_revision: 9,
+            ours: true,
+        });
+        assert_eq!(gather(&older).view.published, None);
+        let mut anothers = known();
+        if let Some(o) = anothers.observed.as_mut() {
+            o.ours = false;
+        }
+        assert_eq!(gather(&anothers).view.published, None);
+    }
+
+    #[test]
+    fn gather_commits_a_hand_over_by_what_was_sent_under_the_current_token() {
+        assert!(!gather(&known()).view.hand_over);
+        let mut released = known();
+        released.sent = Some(Sent {
+            token: 7,
+            rest: None,
+            releasing: true,
+        });
+        assert!(gather(&released).view.hand_over);
+        let mut rest = known();
+        rest.sent = Some(Sent {
+            token: 7,
+            rest: Some(10),
+            releasing: false,
+        });
+        assert!(gather(&rest).view.hand_over);
+        // A rest for an older revision commits nothing.
+        rest.sent = Some(Sent {
+            token: 7,
+            rest: Some(8),
+            releasing: false,
+        });
+        assert!(!gather(&rest).view.hand_over);
+        // Sent under an earlier token: settled, and stale.
+        let mut stale = released;
+        stale.sent = Some(Sent {
+            token: 3,
+            rest: None,
+            releasing: true,
+        });
+        let g = gather(&stale);
+        assert!(!g.view.hand_over);
+        assert!(g.sent_is_stale);
+        assert!(!gather(&released).sent_is_stale);
+    }
+
+    #[test]
+    fn gather_finds_a_task_settled_by_a_terminal_report_for_the_current_revision() {
+        let mut k = known();
+        k.desired = Some((DesiredStage::Stopped, 10));
+        assert!(!gather(&k).view.settled);
+        if let Some(o) = k.observed.as_mut() {
+            o.report.stage = Stage::Stopped;
+        }
+        assert!(gather(&k).view.settled);
+        k.desired = Some((DesiredStage::Stopped, 11));
+        assert!(!gather(&k).view.settled);
     }
 
     #[test]

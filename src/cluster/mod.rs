@@ -17,8 +17,8 @@
 //! - An owner that cannot prove its lease alive stops its runs before the store
 //!   could expire the lease ([`decide::stop_at`]).
 //!
-//! The worker's decisions are one pure function, [`decide::decide`], checked by a
-//! stateright model and by property tests of the real worker on
+//! The worker's decisions are one pure function, [`decide::decide`], fed by
+//! another, [`decide::gather`], both checked by a stateright model and by property tests of the real worker on
 //! [`MemoryCoordinator`]; [`EtcdCoordinator`] carries them out on a real etcd. The
 //! design, the keys and the safety argument (with its limits) are in
 //! `docs/cluster.md`.

@@ -16,8 +16,9 @@
 //!   to `max_in_flight` store actions at once;
 //! - [`handover`]: fair shares, and which tasks to hand over;
 //!
-//! and the [`reconcile`] loop that ties them together through the one pure
-//! function [`decide`](super::decide::decide). Every store call has a deadline; no
+//! and the [`reconcile`] loop that ties them together through the two pure
+//! functions [`gather`](super::decide::gather) and
+//! [`decide`](super::decide::decide). Every store call has a deadline; no
 //! lock is held across an `.await` or across user code (the factory, a unit).
 
 mod guard;

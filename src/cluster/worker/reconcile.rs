@@ -22,11 +22,14 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::cluster::coord::{Compare, Coordinator, KeyValue, Op, Txn, TxnResult};
-use crate::cluster::decide::{decide, Action, Local, Ownership, Report, TaskView};
+use crate::cluster::decide::{
+    decide, gather, settled, Action, Holding, Known, Local, ObservedKey, OwnerKey, Ownership,
+    Report, Sent,
+};
 use crate::cluster::error::ClusterError;
 use crate::cluster::fence::{within, FenceToken, Fencer};
 use crate::cluster::history::Replaced;
-use crate::cluster::keys::{DesiredStage, ObservedOutcome, ObservedStatus, TaskId};
+use crate::cluster::keys::{DesiredStage, ObservedOutcome, ObservedStatus, TaskId, WorkerId};
 use crate::runtime::Handle;
 use crate::stage::Stage;
 
@@ -62,24 +65,6 @@ impl Drop for Running {
     fn drop(&mut self) {
         self.forwarder.abort();
     }
-}
-
-/// What was sent to the store about a held task under one token, answered or
-/// not: a report or a release whose answer was lost may still land, and one that
-/// landed still stands. Kept per task, not per local run, so that it outlives a
-/// rebuild under the same token (a fence stops and drops the local task when the
-/// store is out of reach; once the lease is back the key is still this worker's
-/// and the task is built again): the rebuilt task must not run under a rest report
-/// of its own (decide, invariant 6).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Sent {
-    /// The token (owner key's create revision) it was sent under.
-    token: i64,
-    /// The desired revision of the last rest report (New, Paused) sent.
-    rest: Option<i64>,
-    /// A release of the key was sent: whatever its answer, the task never runs
-    /// again under this token.
-    releasing: bool,
 }
 
 /// A store action that finished.
@@ -120,8 +105,14 @@ struct Reconciler {
     claiming: usize,
     /// Tasks being handed over (fair shares).
     handing_over: BTreeSet<TaskId>,
-    /// What was sent about each held task under its token; forgotten once the
-    /// cache shows the task under another token or none.
+    /// What was sent about each held task under its token, answered or not: a
+    /// report or a release whose answer was lost may still land, and one that
+    /// landed still stands. Kept per task, not per local run, so that it outlives a
+    /// rebuild under the same token (a fence stops and drops the local task when
+    /// the store is out of reach; once the lease is back the key is still this
+    /// worker's and the task is built again): the rebuilt task must not run under a
+    /// rest report of its own (decide, invariant 6). Forgotten once the cache shows
+    /// the task under another token or none.
     sent: HashMap<TaskId, Sent>,
     /// Tasks that want an owner: a desired stage, and owned or not settled.
     wanting: HashSet<TaskId>,
@@ -399,7 +390,8 @@ impl Reconciler {
     fn update_wanting(&mut self, task: &TaskId) {
         let wants = self.view.record(task).is_some_and(|record| {
             let desired = record.desired.kv.as_ref().and_then(parse_desired);
-            desired.is_some() && (record.owner.kv.is_some() || !settled(record, desired))
+            let report = observed_key(record, &self.inner.id).map(|o| o.report);
+            desired.is_some() && (record.owner.kv.is_some() || !settled(report, desired))
         });
         let changed = if wants {
             self.wanting.insert(task.clone())
@@ -503,70 +495,44 @@ impl Reconciler {
             // The cache has moved past the key the store refused.
             self.dead.remove(task);
         }
-        let ownership = match owner_kv {
-            // Test-only: a task once held stays "mine", whoever holds the key now.
-            _ if inner.unfenced && slot_rev.is_some() => Ownership::Mine,
-            None => Ownership::Unowned,
-            Some(kv) if dead == Some(kv.create_revision) => Ownership::Other,
-            Some(kv) if kv.value == inner.owner_value.as_bytes() => match slot_rev {
-                Some(rev) if rev != kv.create_revision => Ownership::Other,
-                _ => Ownership::Mine,
+        let running_ref = self.slots.get(task).and_then(|s| s.task.as_ref());
+        let known = Known {
+            desired,
+            owner: match owner_kv {
+                // Test-only: a task once held stays "mine", whoever holds the key now.
+                _ if inner.unfenced && slot_rev.is_some() => slot_rev.map(|rev| OwnerKey {
+                    create_revision: rev,
+                    ours: true,
+                }),
+                kv => kv.map(|kv| OwnerKey {
+                    create_revision: kv.create_revision,
+                    ours: kv.value == inner.owner_value.as_bytes(),
+                }),
             },
-            Some(_) => Ownership::Other,
+            observed: record.and_then(|r| observed_key(r, &inner.id)),
+            slot_token: slot_rev,
+            refused: dead,
+            holding: running_ref.map(|r| Holding {
+                local: local_of(&r.handle),
+                acted: r.acted,
+                fence_rejected: r.fencer.is_rejected(),
+                stopping: r.stopping.is_some(),
+                yielded: r.yielded,
+            }),
+            sent: self.sent.get(task).copied(),
+            picked_to_hand_over: self.handing_over.contains(task),
+            now: inner.now_ms(),
+            stop_at: lease.stop_at,
+            capacity_left: self.capacity_left(),
+            draining: self.draining,
         };
-        let observed = record
-            .and_then(|r| r.observed.kv.as_ref())
-            .and_then(|kv| ObservedStatus::decode(&kv.key, &kv.value).ok());
-        let token_rev = match (slot_rev, owner_kv) {
-            (Some(rev), _) => Some(rev),
-            (None, Some(kv)) if ownership == Ownership::Mine => Some(kv.create_revision),
-            _ => None,
-        };
-        let published = observed.as_ref().and_then(|o| {
-            (o.owner == inner.id && Some(o.owner_revision) == token_rev).then_some(Report {
-                stage: o.stage,
-                failed: o.outcome.is_failed(),
-                generation: o.generation,
-                desired_revision: o.desired_revision,
-            })
-        });
-        if self
-            .sent
-            .get(task)
-            .is_some_and(|s| Some(s.token) != token_rev)
-        {
+        let gathered = gather(&known);
+        if gathered.sent_is_stale {
             // The key is gone, or another's: what was sent under it is settled.
             self.sent.remove(task);
         }
-        let sent = self.sent.get(task).copied();
-        let running_ref = self.slots.get(task).and_then(|s| s.task.as_ref());
-        let view = TaskView {
-            desired,
-            ownership,
-            settled: record.is_some_and(|r| settled(r, desired)),
-            local: running_ref.map(|r| local_of(&r.handle)),
-            acted: running_ref.and_then(|r| r.acted),
-            published,
-            now: inner.now_ms(),
-            stop_at: lease.stop_at,
-            fence_rejected: running_ref.is_some_and(|r| r.fencer.is_rejected()),
-            stopping: running_ref.is_some_and(|r| r.stopping.is_some()),
-            capacity_left: self.capacity_left(),
-            // A hand-over is carried through once its release was sent, or once a
-            // rest report for this revision was (decide, invariant 6): either may
-            // land late, after a resume.
-            hand_over: self.handing_over.contains(task)
-                || (running_ref.is_some()
-                    && sent.is_some_and(|s| {
-                        s.releasing
-                            || (s.rest.is_some()
-                                && desired.is_some_and(|(stage, rev)| {
-                                    stage == DesiredStage::Running && s.rest == Some(rev)
-                                }))
-                    })),
-            yielded: running_ref.is_some_and(|r| r.yielded),
-            draining: self.draining,
-        };
+        let view = gathered.view;
+        let ownership = view.ownership;
         let starved = view.local.is_none()
             && ownership == Ownership::Unowned
             && !view.capacity_left
@@ -1075,22 +1041,21 @@ fn still_handing_over(handle: &Handle) -> bool {
     ) && !local.failed
 }
 
-/// Whether the stored observed status is terminal and answers the current desired
-/// revision: nothing is left to do.
-fn settled(record: &Record, desired: Option<(DesiredStage, i64)>) -> bool {
-    let observed = record
-        .observed
-        .kv
-        .as_ref()
-        .and_then(|kv| ObservedStatus::decode(&kv.key, &kv.value).ok());
-    match (&observed, desired) {
-        (Some(o), Some((stage, rev))) => {
-            o.stage.is_terminal()
-                && o.desired_revision == rev
-                && stage.answered_by(o.stage, o.outcome.is_failed())
-        }
-        _ => false,
-    }
+/// The observed key of a task's record, as `gather` takes it; `None` when absent
+/// or unreadable.
+fn observed_key(record: &Record, me: &WorkerId) -> Option<ObservedKey> {
+    let kv = record.observed.kv.as_ref()?;
+    let o = ObservedStatus::decode(&kv.key, &kv.value).ok()?;
+    Some(ObservedKey {
+        ours: o.owner == *me,
+        owner_revision: o.owner_revision,
+        report: Report {
+            stage: o.stage,
+            failed: o.outcome.is_failed(),
+            generation: o.generation,
+            desired_revision: o.desired_revision,
+        },
+    })
 }
 
 fn parse_desired(kv: &KeyValue) -> Option<(DesiredStage, i64)> {
