@@ -615,10 +615,10 @@ EOF
 }
 
 m35() {
-  WHERE="cluster/worker/reconcile.rs: Reconciler::capacity_left"
+  WHERE="cluster/worker/reconcile/mod.rs: Reconciler::capacity_left"
   MUTANT="a worker has room while it holds as many tasks as its capacity (<= for <): it claims one task too many"
   SUITE="--all-features --test cluster_promises capacity"
-  edit src/cluster/worker/reconcile.rs <<'EOF'
+  edit src/cluster/worker/reconcile/mod.rs <<'EOF'
         self.view.is_known() && held < self.inner.capacity.min(self.share)
 @@@@
         self.view.is_known() && held <= self.inner.capacity.min(self.share)
@@ -749,13 +749,13 @@ EOF
 }
 
 m46() {
-  WHERE="cluster/worker/reconcile.rs: Reconciler::step, Claim"
+  WHERE="cluster/worker/reconcile/execute.rs: Reconciler::claim"
   MUTANT="a claim puts the owner key without comparing that it is absent: it overwrites another worker's claim"
   SUITE="--all-features --test cluster_promises a_claim_never_overwrites"
-  edit src/cluster/worker/reconcile.rs <<'EOF'
-                        Compare::Absent(owner.clone()),
+  edit src/cluster/worker/reconcile/execute.rs <<'EOF'
+                Compare::Absent(owner.clone()),
 @@@@
-                        // (no compare on the owner key)
+                // (no compare on the owner key)
 EOF
 }
 
@@ -1109,10 +1109,10 @@ EOF
 }
 
 m77() {
-  WHERE="cluster/worker/reconcile.rs: Reconciler::wind_down"
+  WHERE="cluster/worker/reconcile/mod.rs: Reconciler::wind_down"
   MUTANT="a clean shutdown withdraws the owner keys but leaves the reports"
   SUITE="--all-features --test cluster_promises a_clean_shutdown"
-  edit src/cluster/worker/reconcile.rs <<'EOF'
+  edit src/cluster/worker/reconcile/mod.rs <<'EOF'
                 let ops = vec![
                     Op::Delete {
                         key: inner.keys.observed(&task),
@@ -1453,14 +1453,14 @@ EOF
 }
 
 m104() {
-  WHERE="cluster/worker/reconcile.rs: Reconciler::step, Claim"
+  WHERE="cluster/worker/reconcile/execute.rs: Reconciler::claim"
   MUTANT="a claim compares the owner key alone, not the desired stage and report it was decided from: a late claim runs a task stopped meanwhile"
   SUITE="--all-features --test cluster_prop a_late_claim_never_runs"
-  edit src/cluster/worker/reconcile.rs <<'EOF'
-                        Compare::ModRevision(inner.keys.desired(task), desired_rev),
-                        Compare::ModRevision(inner.keys.observed(task), observed_rev),
+  edit src/cluster/worker/reconcile/execute.rs <<'EOF'
+                Compare::ModRevision(inner.keys.desired(task), desired_rev),
+                Compare::ModRevision(inner.keys.observed(task), observed_rev),
 @@@@
-                        // (no compare of what the claim was decided from)
+                // (no compare of what the claim was decided from)
 EOF
 }
 
@@ -1490,21 +1490,22 @@ EOF
 }
 
 m107() {
-  WHERE="cluster/worker/reconcile.rs: Reconciler::done, Confirmed"
+  WHERE="cluster/worker/reconcile/complete.rs: Reconciler::confirmed"
   MUTANT="a key the store refused to confirm is adopted all the same: a cache that lags behind a lost release's answer runs the task beside its new owner"
   SUITE="--all-features --test cluster_promises a_key_the_store_refuses_to_confirm"
-  edit src/cluster/worker/reconcile.rs <<'EOF'
-                    self.dead.insert(task.clone(), token.revision);
-                    again = false; // the watch shows whose it is
+  edit src/cluster/worker/reconcile/complete.rs <<'EOF'
+                self.dead.insert(task.clone(), token.revision);
+                Next::OnChange // the watch shows whose it is
 @@@@
-                    inner.view().insert(
-                        task.clone(),
-                        Held {
-                            token: token.clone(),
-                            handle: None,
-                        },
-                    );
-                    self.slots.insert(task.clone(), Slot { token, task: None });
+                self.inner.view().insert(
+                    task.clone(),
+                    Held {
+                        token: token.clone(),
+                        handle: None,
+                    },
+                );
+                self.slots.insert(task.clone(), Slot { token, task: None });
+                Next::Now
 EOF
 }
 
@@ -1595,22 +1596,22 @@ EOF
 }
 
 m116() {
-  WHERE="cluster/worker/reconcile.rs: Reconciler::step, Build"
+  WHERE="cluster/worker/reconcile/execute.rs: Reconciler::build_task"
   MUTANT="a built task is not decided about again: it waits in New for an unrelated wake-up (a keep-alive, a resync) before it runs"
   SUITE="--all-features --test cluster_promises a_built_task_is_decided_at_once"
-  edit src/cluster/worker/reconcile.rs <<'EOF'
-                        self.queue.add(task.clone());
-                    }
+  edit src/cluster/worker/reconcile/execute.rs <<'EOF'
+                self.queue.add(task.clone());
+            }
 @@@@
-                    }
+            }
 EOF
 }
 
 m117() {
-  WHERE="cluster/worker/reconcile.rs: Reconciler::forget"
+  WHERE="cluster/worker/reconcile/mod.rs: Reconciler::forget"
   MUTANT="what was sent about a task is forgotten with its local run: rebuilt under the same token after a fence, it runs under its own Paused report for a hand-over"
   SUITE="--all-features --test cluster_promises a_rest_report_sent_for_a_hand_over"
-  edit src/cluster/worker/reconcile.rs <<'EOF'
+  edit src/cluster/worker/reconcile/mod.rs <<'EOF'
         self.slots.remove(task);
         self.inner.view().remove(task);
 @@@@
@@ -1654,10 +1655,10 @@ EOF
 }
 
 m121() {
-  WHERE="cluster/worker/reconcile.rs: after_replaced"
+  WHERE="cluster/worker/reconcile/mod.rs: after_replaced"
   MUTANT="the store's revision is not moved past the highest seen: tasks claimed after the restore get fence tokens below ones handed out before"
   SUITE="--all-features --test cluster_promises a_store_restored_with_its_revision_going_back"
-  edit src/cluster/worker/reconcile.rs <<'EOF'
+  edit src/cluster/worker/reconcile/mod.rs <<'EOF'
         if reached > target {
 @@@@
         if reached > 0 {
@@ -1665,10 +1666,10 @@ EOF
 }
 
 m122() {
-  WHERE="cluster/worker/reconcile.rs: after_replaced"
+  WHERE="cluster/worker/reconcile/mod.rs: after_replaced"
   MUTANT="a worker that noticed the restore ends at once: its next incarnation claims tasks that a worker which has not noticed yet still runs"
   SUITE="--all-features --test cluster_promises after_a_restore_no_task_is_claimed"
-  edit src/cluster/worker/reconcile.rs <<'EOF'
+  edit src/cluster/worker/reconcile/mod.rs <<'EOF'
     tokio::time::sleep_until(until).await;
 @@@@
     let _ = until;
@@ -1676,10 +1677,10 @@ EOF
 }
 
 m123() {
-  WHERE="cluster/worker/reconcile.rs: reconcile"
+  WHERE="cluster/worker/reconcile/mod.rs: reconcile"
   MUTANT="a worker registers as a member before it has listed: one that cannot list counts in the fair shares and is handed tasks it never runs"
   SUITE="--all-features --test cluster_promises a_worker_that_cannot_list_is_handed_no_tasks"
-  edit src/cluster/worker/reconcile.rs <<'EOF'
+  edit src/cluster/worker/reconcile/mod.rs <<'EOF'
         if !state.registered && state.view.is_known() && Instant::now() >= state.register_at {
 @@@@
         if !state.registered && Instant::now() >= state.register_at {
@@ -1785,10 +1786,10 @@ EOF
 }
 
 m125() {
-  WHERE="cluster/worker/reconcile.rs: Reconciler::update_wanting"
+  WHERE="cluster/worker/reconcile/mod.rs: Reconciler::update_wanting"
   MUTANT="every task with a desired stage counts in the fair shares, stopped ones too: workers hand over running tasks to even out tasks that want no owner"
   SUITE="--all-features --test cluster_promises stopped_tasks_do_not_count"
-  edit src/cluster/worker/reconcile.rs <<'EOF'
+  edit src/cluster/worker/reconcile/mod.rs <<'EOF'
             desired.is_some() && (record.owner.kv.is_some() || !settled(report, desired))
 @@@@
             desired.is_some() || (record.owner.kv.is_some() || !settled(report, desired))
@@ -1796,13 +1797,13 @@ EOF
 }
 
 m133() {
-  WHERE="cluster/worker/reconcile.rs: Reconciler::step, Build"
+  WHERE="cluster/worker/reconcile/execute.rs: Reconciler::build_task"
   MUTANT="a task the factory cannot build is released and claimed again at once, for the same desired revision: the factory is asked in a tight loop"
   SUITE="--all-features --test cluster_promises a_task_the_factory_cannot_build"
-  edit src/cluster/worker/reconcile.rs <<'EOF'
-                            self.unbuildable.insert(task.clone(), rev);
+  edit src/cluster/worker/reconcile/execute.rs <<'EOF'
+                    self.unbuildable.insert(task.clone(), rev);
 @@@@
-                            let _ = rev;
+                    let _ = rev;
 EOF
 }
 
@@ -1863,10 +1864,10 @@ EOF
 }
 
 m139() {
-  WHERE="cluster/worker/reconcile.rs: Reconciler::wind_down"
+  WHERE="cluster/worker/reconcile/mod.rs: Reconciler::wind_down"
   MUTANT="a clean shutdown leaves the membership only when its lease is revoked: the others' shares stay as they were, and they claim its tasks only after every run of it is gone"
   SUITE="--all-features --test cluster_promises a_clean_shutdown_hands_each_task_over"
-  edit src/cluster/worker/reconcile.rs <<'EOF'
+  edit src/cluster/worker/reconcile/mod.rs <<'EOF'
         if self.registered {
             let leave = Txn {
 @@@@
@@ -2061,10 +2062,10 @@ EOF
 }
 
 m220() {
-  WHERE="cluster/worker/reconcile.rs: after_replaced"
+  WHERE="cluster/worker/reconcile/mod.rs: after_replaced"
   MUTANT="a worker that could not move the store's revision past what it saw ends anyway: its next incarnation claims under lower tokens"
   SUITE="--all-features --test cluster_promises"
-  edit src/cluster/worker/reconcile.rs <<'EOF'
+  edit src/cluster/worker/reconcile/mod.rs <<'EOF'
         rounds += 1;
 @@@@
         rounds += 1;
@@ -2106,10 +2107,10 @@ EOF
 }
 
 m203() {
-  WHERE="cluster/worker/reconcile.rs: Reconciler::step"
+  WHERE="cluster/worker/reconcile/mod.rs: Reconciler::step"
   MUTANT="the reconcile loop does not tell decide that the worker is draining: only the fair-share hand-over runs"
   SUITE="--all-features --test cluster_drain"
-  edit src/cluster/worker/reconcile.rs <<'EOF'
+  edit src/cluster/worker/reconcile/mod.rs <<'EOF'
             draining: self.draining,
 @@@@
             draining: false,
@@ -2183,13 +2184,13 @@ EOF
 }
 
 m221() {
-  WHERE="cluster/worker/reconcile.rs: Reconciler::step, Hand"
+  WHERE="cluster/worker/reconcile/execute.rs: Reconciler::release, Hand"
   MUTANT="a hand-over releases the key without the report of its rest: the old owner's report of a live run stands with no owner"
   SUITE="--all-features --test cluster_handover"
-  edit src/cluster/worker/reconcile.rs <<'EOF'
-                if let Some((observed, value)) = &rest {
+  edit src/cluster/worker/reconcile/execute.rs <<'EOF'
+        if let Some((observed, value)) = &rest {
 @@@@
-                if let Some((observed, value)) = rest.as_ref().filter(|_| false) {
+        if let Some((observed, value)) = rest.as_ref().filter(|_| false) {
 EOF
 }
 
@@ -2324,10 +2325,10 @@ EOF
 }
 
 m232() {
-  WHERE="cluster/worker/reconcile.rs: reconcile, the loop's end"
+  WHERE="cluster/worker/reconcile/mod.rs: reconcile, the loop's end"
   MUTANT="on a lost lease the loop ends (and closed() answers) before its local runs are gone"
   SUITE="--all-features --test cluster_promises ends_only_once"
-  edit src/cluster/worker/reconcile.rs <<'EOF'
+  edit src/cluster/worker/reconcile/mod.rs <<'EOF'
         if lease.stop_at.is_none() && state.slots.values().all(|s| s.task.is_none()) {
 @@@@
         if lease.stop_at.is_none() {
@@ -2428,10 +2429,10 @@ EOF
 }
 
 m241() {
-  WHERE="cluster/worker/reconcile.rs: reconcile, the turn tick"
+  WHERE="cluster/worker/reconcile/mod.rs: reconcile, the turn tick"
   MUTANT="a loop with nothing to learn of does not turn, and is taken for a stalled one"
   SUITE="--all-features --test cluster_promises a_quiet_loop_is_not_taken"
-  edit src/cluster/worker/reconcile.rs <<'EOF'
+  edit src/cluster/worker/reconcile/mod.rs <<'EOF'
             _ = turn.tick() => {}
 @@@@
             _ = std::future::pending::<()>() => {}

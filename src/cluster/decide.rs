@@ -9,7 +9,7 @@
 //! refused it, what it sent), it reads whose the key is, whether the task is
 //! settled, what this worker published under its token and whether a hand-over is
 //! committed. Neither performs I/O, reads a clock or takes a lock; the worker
-//! (`worker/reconcile.rs`) fills a [`Known`], calls both and carries the action out,
+//! (`worker/reconcile/`) fills a [`Known`], calls both and carries the action out,
 //! and the stateright model (`tests/cluster_model.rs`) runs the very same two
 //! functions against an abstract etcd, so the model checks the gathering and the
 //! decision the worker ships.

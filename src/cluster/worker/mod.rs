@@ -283,6 +283,19 @@ impl WorkerBuilder {
         Duration::from_millis(trusted / 3)
     }
 
+    /// The lease's timing, in milliseconds of the worker's clock, for a granted
+    /// `ttl` and a drift of `rho` parts per thousand.
+    fn timing(&self, ttl: Duration, rho: u64) -> Timing {
+        Timing {
+            ttl_ms: ttl.as_millis() as u64,
+            rho_permille: rho,
+            stop_bound_ms: self.stop_bound.as_millis() as u64,
+            margin_ms: self.margin().as_millis() as u64,
+            keep_alive_every: self.keep_alive_every(rho),
+            stall_bound_ms: u64::try_from(self.stall_bound.as_millis()).unwrap_or(u64::MAX),
+        }
+    }
+
     fn check(&self) -> Result<(Keys, WorkerId, u64), ClusterError> {
         let keys = Keys::new(&self.prefix)?;
         let id = WorkerId::new(self.id.clone())?;
@@ -387,16 +400,9 @@ impl WorkerBuilder {
         let ttl = grant.ttl.min(self.ttl);
         // The worker registers as a member (and so counts in every worker's fair
         // share) only once it has listed the tasks and the members: a worker that
-        // cannot list would be handed tasks it never runs (reconcile.rs).
+        // cannot list would be handed tasks it never runs (`reconcile/`).
         let epoch = sent;
-        let timing = Timing {
-            ttl_ms: ttl.as_millis() as u64,
-            rho_permille: rho,
-            stop_bound_ms: self.stop_bound.as_millis() as u64,
-            margin_ms: self.margin().as_millis() as u64,
-            keep_alive_every: self.keep_alive_every(rho),
-            stall_bound_ms: u64::try_from(self.stall_bound.as_millis()).unwrap_or(u64::MAX),
-        };
+        let timing = self.timing(ttl, rho);
         let first = decide::stop_at(0, timing.ttl_ms, rho, timing.stop_bound_ms);
         let exit_at = decide::exit_at(0, timing.ttl_ms, rho, timing.margin_ms);
         // The sender lives in `Inner`, as long as any loop: a receiver's `changed()`
@@ -410,10 +416,7 @@ impl WorkerBuilder {
         let (wake, wake_rx) = mpsc::unbounded_channel();
         let prepared = match keeper::Prepared::new(self.lease_keeping) {
             Ok(prepared) => prepared,
-            Err(error) => {
-                let _ = within(op_timeout, "lease revoke", self.coord.revoke(grant.id)).await;
-                return Err(error);
-            }
+            Err(error) => return Err(revoke_for(&*self.coord, grant.id, op_timeout, error).await),
         };
         let raw_control = keeper::lease_coordinator(self.lease_keeping, &raw);
         let control_coord: Arc<dyn Coordinator> =
@@ -445,38 +448,18 @@ impl WorkerBuilder {
             turned: AtomicU64::new(0),
             stall_bound: self.stall_bound,
         });
-        let weak = Arc::downgrade(&inner);
-        history.on_replaced(move |replaced| {
-            // Treated like a lost lease: every run stops, nothing cached is trusted.
-            if let Some(inner) = weak.upgrade() {
-                tracing::error!(
-                    worker = %inner.id,
-                    op = replaced.op,
-                    seen = replaced.seen,
-                    found = replaced.found,
-                    "the store's history was replaced: stopping every run, as on a lost lease"
-                );
-                inner.lease_state.send_modify(|state| state.stop_at = None);
-            }
-        });
-        let session = Session::run(Arc::clone(&inner), control_coord, timing, shutdown.clone());
-        let guard = (!inner.unfenced)
-            .then(|| guard::guard(Arc::clone(&inner), lease_rx.clone(), shutdown.clone()));
-        let keeper = Keeper::start(
+        stop_on_a_replaced_history(&inner, &history);
+        let keeper = start_keeper(
+            &inner,
             prepared,
-            format!("taskstage-lease-{id}"),
-            keeper::both(session, async move {
-                if let Some(guard) = guard {
-                    guard.await;
-                }
-            }),
+            control_coord,
+            timing,
+            &lease_rx,
+            &shutdown,
         );
         let keeper = match keeper {
             Ok(keeper) => keeper,
-            Err(error) => {
-                let _ = within(op_timeout, "lease revoke", inner.coord.revoke(grant.id)).await;
-                return Err(error);
-            }
+            Err(error) => return Err(revoke_for(&*inner.coord, grant.id, op_timeout, error).await),
         };
         let reconcile = tokio::spawn(reconcile::reconcile(
             Arc::clone(&inner),
@@ -492,6 +475,60 @@ impl WorkerBuilder {
             shutdown,
         })
     }
+}
+
+/// Revokes a lease granted to a join that then failed with `error`, and returns
+/// `error` (a revoke that fails leaves the lease to expire).
+async fn revoke_for(
+    coord: &dyn Coordinator,
+    lease: i64,
+    op_timeout: Duration,
+    error: ClusterError,
+) -> ClusterError {
+    let _ = within(op_timeout, "lease revoke", coord.revoke(lease)).await;
+    error
+}
+
+/// Treats a replaced store history like a lost lease: every run stops, nothing
+/// cached is trusted.
+fn stop_on_a_replaced_history(inner: &Arc<Inner>, history: &History) {
+    let weak = Arc::downgrade(inner);
+    history.on_replaced(move |replaced| {
+        if let Some(inner) = weak.upgrade() {
+            tracing::error!(
+                worker = %inner.id,
+                op = replaced.op,
+                seen = replaced.seen,
+                found = replaced.found,
+                "the store's history was replaced: stopping every run, as on a lost lease"
+            );
+            inner.lease_state.send_modify(|state| state.stop_at = None);
+        }
+    });
+}
+
+/// Starts the lease thread: the session that keeps the lease and, unless
+/// unfenced, the guard that ends what outlives it.
+fn start_keeper(
+    inner: &Arc<Inner>,
+    prepared: keeper::Prepared,
+    control_coord: Arc<dyn Coordinator>,
+    timing: Timing,
+    lease_rx: &watch::Receiver<LeaseState>,
+    shutdown: &CancellationToken,
+) -> Result<Keeper, ClusterError> {
+    let session = Session::run(Arc::clone(inner), control_coord, timing, shutdown.clone());
+    let guard = (!inner.unfenced)
+        .then(|| guard::guard(Arc::clone(inner), lease_rx.clone(), shutdown.clone()));
+    Keeper::start(
+        prepared,
+        format!("taskstage-lease-{}", inner.id),
+        keeper::both(session, async move {
+            if let Some(guard) = guard {
+                guard.await;
+            }
+        }),
+    )
 }
 
 struct Inner {

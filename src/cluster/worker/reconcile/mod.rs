@@ -5,7 +5,9 @@
 //! cache ([`View`]). It is woken by what changes, and decides about exactly the
 //! task that changed: a watched change of the store, a local task's stage change,
 //! a rejected fenced write, an action done. `decide` is the one pure function that
-//! says what to do; this loop only gathers its inputs and carries its answer out.
+//! says what to do, `gather` the one that reads its inputs out of what the loop
+//! [`Known`]s; this loop fills that in (`step`, here), carries the answer out
+//! (`execute.rs`) and takes the store's answer to it (`complete.rs`).
 //! A decision reads nothing from the store: a watched change costs O(1) store work
 //! and O(log tasks) here, and a resync re-decides every cached task from the cache.
 
@@ -21,24 +23,26 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::cluster::coord::{Compare, Coordinator, KeyValue, Op, Txn, TxnResult};
+use crate::cluster::coord::{Coordinator, KeyValue, Op, Txn, TxnResult};
 use crate::cluster::decide::{
-    decide, gather, settled, Action, Holding, Known, Local, ObservedKey, OwnerKey, Ownership,
-    Report, Sent,
+    decide, gather, settled, Holding, Known, Local, ObservedKey, OwnerKey, Ownership, Report, Sent,
 };
 use crate::cluster::error::ClusterError;
 use crate::cluster::fence::{within, FenceToken, Fencer};
 use crate::cluster::history::Replaced;
-use crate::cluster::keys::{DesiredStage, ObservedOutcome, ObservedStatus, TaskId, WorkerId};
+use crate::cluster::keys::{DesiredStage, ObservedStatus, TaskId, WorkerId};
 use crate::runtime::Handle;
 use crate::stage::Stage;
 
-use super::guard::{lease_now, spawn_stop};
+use super::guard::lease_now;
 use super::handover;
 use super::queue::WorkQueue;
 use super::session::LeaseState;
 use super::view::{reflect, Changes, Feed, Prefix, Record, View};
-use super::{Held, Inner, TaskSpec};
+use super::{Inner, TaskSpec};
+
+mod complete;
+mod execute;
 
 /// One task the worker holds.
 struct Slot {
@@ -146,49 +150,11 @@ pub(super) async fn reconcile(
     shutdown: CancellationToken,
     mut wake_rx: mpsc::UnboundedReceiver<TaskId>,
 ) -> Result<(), ClusterError> {
-    let (feed_tx, mut feed_rx) = mpsc::channel(64);
     let follow = shutdown.child_token();
     // Ends the reflectors whichever way this loop ends (an abort included).
     let _follow_guard = follow.clone().drop_guard();
-    for (which, prefix) in [
-        (Prefix::Tasks, inner.keys.tasks()),
-        (Prefix::Workers, inner.keys.workers()),
-    ] {
-        // On the lease thread's runtime, with its connection: the cache stays fresh
-        // however busy the units keep this runtime.
-        inner.control.spawn(reflect(
-            Arc::clone(&inner.control_coord),
-            which,
-            prefix,
-            inner.op_timeout,
-            inner.op_timeout.min(inner.resync),
-            feed_tx.clone(),
-            follow.clone(),
-        ));
-    }
-    drop(feed_tx);
-    let mut loop_state = Reconciler {
-        me: inner.keys.worker(&inner.id, inner.lease),
-        view: View::new(inner.keys.clone()),
-        slots: HashMap::new(),
-        queue: WorkQueue::new(inner.max_in_flight),
-        actions: JoinSet::new(),
-        action_tasks: HashMap::new(),
-        unbuildable: HashMap::new(),
-        claiming: 0,
-        handing_over: BTreeSet::new(),
-        sent: HashMap::new(),
-        wanting: HashSet::new(),
-        share: 0,
-        draining: false,
-        rebalance_due: false,
-        retry: BTreeSet::new(),
-        starved: BTreeSet::new(),
-        dead: HashMap::new(),
-        registered: false,
-        register_at: Instant::now(),
-        inner: Arc::clone(&inner),
-    };
+    let mut feed_rx = follow_the_store(&inner, &follow);
+    let mut loop_state = Reconciler::new(&inner);
     let state = &mut loop_state;
     let mut resync = tokio::time::interval_at(Instant::now() + inner.resync, inner.resync);
     resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -211,21 +177,7 @@ pub(super) async fn reconcile(
             state.rebalance();
         }
         state.feed_the_starved();
-        let mut lease = lease_now(&inner, &mut lease_rx);
-        // Decide while there is room for actions; yield now and then, so that a
-        // resync of many tasks does not hold the thread.
-        let mut decided = 0u32;
-        while let Some(task) = state.queue.pop() {
-            // Read again for every task: a lease lost meanwhile must reach the next
-            // decision.
-            lease = lease_now(&inner, &mut lease_rx);
-            state.step(&task, lease).await;
-            decided += 1;
-            if decided.is_multiple_of(256) {
-                inner.turned();
-                tokio::task::yield_now().await;
-            }
-        }
+        let lease = state.decide_queued(&mut lease_rx).await;
         if lease.stop_at.is_none() && state.slots.values().all(|s| s.task.is_none()) {
             if let Some(replaced) = inner.history.replaced() {
                 state.actions.shutdown().await;
@@ -277,7 +229,77 @@ pub(super) async fn reconcile(
     }
 }
 
+/// Starts the reflectors of the tasks' and the members' prefixes, until
+/// `follow` is cancelled; their listings and changes arrive on the receiver.
+fn follow_the_store(inner: &Arc<Inner>, follow: &CancellationToken) -> mpsc::Receiver<Feed> {
+    let (feed_tx, feed_rx) = mpsc::channel(64);
+    for (which, prefix) in [
+        (Prefix::Tasks, inner.keys.tasks()),
+        (Prefix::Workers, inner.keys.workers()),
+    ] {
+        // On the lease thread's runtime, with its connection: the cache stays fresh
+        // however busy the units keep this runtime.
+        inner.control.spawn(reflect(
+            Arc::clone(&inner.control_coord),
+            which,
+            prefix,
+            inner.op_timeout,
+            inner.op_timeout.min(inner.resync),
+            feed_tx.clone(),
+            follow.clone(),
+        ));
+    }
+    drop(feed_tx);
+    feed_rx
+}
+
 impl Reconciler {
+    /// The loop's state at its start: nothing known, nothing held.
+    fn new(inner: &Arc<Inner>) -> Reconciler {
+        Reconciler {
+            me: inner.keys.worker(&inner.id, inner.lease),
+            view: View::new(inner.keys.clone()),
+            slots: HashMap::new(),
+            queue: WorkQueue::new(inner.max_in_flight),
+            actions: JoinSet::new(),
+            action_tasks: HashMap::new(),
+            unbuildable: HashMap::new(),
+            claiming: 0,
+            handing_over: BTreeSet::new(),
+            sent: HashMap::new(),
+            wanting: HashSet::new(),
+            share: 0,
+            draining: false,
+            rebalance_due: false,
+            retry: BTreeSet::new(),
+            starved: BTreeSet::new(),
+            dead: HashMap::new(),
+            registered: false,
+            register_at: Instant::now(),
+            inner: Arc::clone(inner),
+        }
+    }
+
+    /// Decides about every queued task, reading the lease again for each (a
+    /// lease lost meanwhile must reach the next decision), and yields now and
+    /// then, so that a resync of many tasks does not hold the thread. Returns the
+    /// lease as last read.
+    async fn decide_queued(&mut self, lease_rx: &mut watch::Receiver<LeaseState>) -> LeaseState {
+        let inner = Arc::clone(&self.inner);
+        let mut lease = lease_now(&inner, lease_rx);
+        let mut decided = 0u32;
+        while let Some(task) = self.queue.pop() {
+            lease = lease_now(&inner, lease_rx);
+            self.step(&task, lease).await;
+            decided += 1;
+            if decided.is_multiple_of(256) {
+                inner.turned();
+                tokio::task::yield_now().await;
+            }
+        }
+        lease
+    }
+
     /// Registers this worker as a member under its lease, once its cache knows
     /// the tasks and the members; tried again after a resync period when the
     /// store does not answer.
@@ -554,269 +576,7 @@ impl Reconciler {
             return;
         };
         tracing::debug!(worker = %inner.id, %task, ?action, "decided");
-        match action {
-            Action::Claim => {
-                if desired.is_some_and(|(_, rev)| self.unbuildable.get(task) == Some(&rev)) {
-                    return;
-                }
-                let owner = inner.keys.owner(task);
-                // The claim holds only if the cache was current for this task when
-                // it reaches the store: the desired stage and the report it was
-                // decided from are unchanged (a claim decided from a lagging cache
-                // must not run a task since stopped or finished).
-                let seen = |entry: Option<&KeyValue>| entry.map_or(0, |kv| kv.mod_revision);
-                let desired_rev = seen(record.and_then(|r| r.desired.kv.as_ref()));
-                let observed_rev = seen(record.and_then(|r| r.observed.kv.as_ref()));
-                let txn = Txn {
-                    when: vec![
-                        Compare::Absent(owner.clone()),
-                        Compare::ModRevision(inner.keys.desired(task), desired_rev),
-                        Compare::ModRevision(inner.keys.observed(task), observed_rev),
-                    ],
-                    then: vec![Op::Put {
-                        key: owner,
-                        value: inner.owner_value.clone().into_bytes(),
-                        lease: Some(inner.lease),
-                    }],
-                };
-                self.claiming += 1;
-                let coord = Arc::clone(&inner.control_coord);
-                let timeout = inner.op_timeout;
-                self.start(task, async move {
-                    Done::Claimed(within(timeout, "claim", coord.txn(txn)).await)
-                });
-            }
-            Action::Build => {
-                let token = match self.slots.get(task) {
-                    Some(slot) => slot.token.clone(),
-                    None => {
-                        // Our value under our lease in the cache, and no claim of
-                        // ours answered: a claim whose answer was lost, or a key
-                        // already released whose release's answer was lost (the
-                        // cache may lag). The store says which before anything runs.
-                        let Some(kv) = owner_kv else { return };
-                        let token = FenceToken {
-                            task: task.clone(),
-                            worker: inner.id.clone(),
-                            lease: inner.lease,
-                            revision: kv.create_revision,
-                        };
-                        let fencer = inner.control_fencer(token.clone());
-                        self.start(task, async move {
-                            let result = fencer.fenced(Vec::new()).await;
-                            Done::Confirmed { token, result }
-                        });
-                        return;
-                    }
-                };
-                let spec = record.and_then(|r| r.spec.kv.as_ref().map(|kv| kv.value.clone()));
-                match build(&inner, task, spec, token.clone()) {
-                    Ok(running) => {
-                        inner.view().insert(
-                            task.clone(),
-                            Held {
-                                token: token.clone(),
-                                handle: Some(running.handle.clone()),
-                            },
-                        );
-                        self.slots.insert(
-                            task.clone(),
-                            Slot {
-                                token,
-                                task: Some(running),
-                            },
-                        );
-                        // Built in New: nothing of the task changes by itself now,
-                        // so it is decided about again at once (to resume it, or
-                        // publish New), not at the next unrelated wake-up.
-                        self.queue.add(task.clone());
-                    }
-                    Err(error) => {
-                        tracing::warn!(worker = %inner.id, %task, %error, "cannot build; releasing");
-                        if let Some((_, rev)) = desired {
-                            self.unbuildable.insert(task.clone(), rev);
-                        }
-                        self.forget(task);
-                        let fencer = inner.control_fencer(token);
-                        let key = inner.keys.owner(task);
-                        let ops = vec![Op::Delete { key: key.clone() }];
-                        self.start(task, async move {
-                            let result = fencer.fenced(ops).await;
-                            Done::Released {
-                                key,
-                                rest: None,
-                                result,
-                            }
-                        });
-                    }
-                }
-            }
-            Action::Resume { revision } => {
-                if let Some(running) = self.running(task) {
-                    running.acted = Some(revision);
-                    running.yielded = false;
-                    if let Err(error) = running.handle.resume().await {
-                        tracing::debug!(worker = %inner.id, %task, %error, "resume refused");
-                    }
-                }
-            }
-            Action::Pause { revision } => {
-                if let Some(running) = self.running(task) {
-                    running.acted = Some(revision);
-                    // Issues the pause and returns at once; the stage says when the
-                    // run has returned, and its change wakes this loop.
-                    if let Err(error) = running.handle.pause_now() {
-                        tracing::debug!(worker = %inner.id, %task, %error, "pause refused");
-                    }
-                }
-            }
-            Action::Yield => {
-                if let Some(running) = self.running(task) {
-                    running.yielded = true;
-                    if let Err(error) = running.handle.pause_now() {
-                        tracing::debug!(worker = %inner.id, %task, %error, "pause refused");
-                    }
-                }
-            }
-            Action::Stop | Action::Fence => {
-                if let Some(running) = self.running(task) {
-                    let why = if action == Action::Fence {
-                        "fence"
-                    } else {
-                        "stop"
-                    };
-                    tracing::info!(worker = %inner.id, %task, why, "stopping the local run");
-                    running.stopping =
-                        Some(spawn_stop(&inner, task.clone(), running.handle.clone()));
-                }
-            }
-            Action::Drop => {
-                // Only ever decided when the worker may not run the task (decide,
-                // invariant 2): forget it; if the key is still ours, a later step
-                // rebuilds it with a valid lease.
-                self.forget(task);
-            }
-            Action::Publish(report) => {
-                let Some((key, value)) = self.report(task, report) else {
-                    return;
-                };
-                let Some(running) = self.running(task) else {
-                    return;
-                };
-                let ops = vec![Op::Put {
-                    key: key.clone(),
-                    value: value.clone(),
-                    lease: None,
-                }];
-                let fencer = running.control.clone();
-                self.start(task, async move {
-                    let result = fencer.fenced(ops).await;
-                    Done::Published { key, value, result }
-                });
-            }
-            Action::Release | Action::Hand(_) => {
-                // A hand-over's rest goes in the same write as the release: one
-                // store round trip, not two, between the run's end and the new
-                // owner's claim (decide, invariant 6).
-                let rest = match action {
-                    Action::Hand(report) => match self.report(task, report) {
-                        Some(rest) => Some(rest),
-                        None => return,
-                    },
-                    _ => None,
-                };
-                if self.running(task).is_none() {
-                    return;
-                }
-                self.sent_about(task, |sent| sent.releasing = true);
-                let Some(running) = self.running(task) else {
-                    return;
-                };
-                let key = inner.keys.owner(task);
-                let mut ops = Vec::with_capacity(2);
-                if let Some((observed, value)) = &rest {
-                    ops.push(Op::Put {
-                        key: observed.clone(),
-                        value: value.clone(),
-                        lease: None,
-                    });
-                }
-                ops.push(Op::Delete { key: key.clone() });
-                let fencer = running.control.clone();
-                self.start(task, async move {
-                    let result = fencer.fenced(ops).await;
-                    Done::Released { key, rest, result }
-                });
-            }
-        }
-    }
-
-    /// The observed key of `task` and the encoded `report` to put there, recorded
-    /// as sent when it is a rest (decide, invariant 6); `None` when no run of the
-    /// task is held.
-    fn report(&mut self, task: &TaskId, report: Report) -> Option<(String, Vec<u8>)> {
-        let slot = self.slots.get(task)?;
-        let snapshot = slot.task.as_ref()?.handle.snapshot();
-        let status = ObservedStatus {
-            stage: report.stage,
-            generation: report.generation,
-            outcome: ObservedOutcome::from_outcome(snapshot.outcome.as_ref()),
-            desired_revision: report.desired_revision,
-            owner: self.inner.id.clone(),
-            owner_revision: slot.token.revision,
-        };
-        if report.stage.is_at_rest() {
-            self.sent_about(task, |sent| sent.rest = Some(report.desired_revision));
-        }
-        Some((self.inner.keys.observed(task), status.encode()))
-    }
-
-    /// Records something sent about `task` under the token of its slot.
-    fn sent_about(&mut self, task: &TaskId, record: impl FnOnce(&mut Sent)) {
-        let Some(token) = self.slots.get(task).map(|s| s.token.revision) else {
-            return;
-        };
-        let sent = self.sent.entry(task.clone()).or_insert(Sent {
-            token,
-            rest: None,
-            releasing: false,
-        });
-        if sent.token != token {
-            *sent = Sent {
-                token,
-                rest: None,
-                releasing: false,
-            };
-        }
-        record(sent);
-    }
-
-    fn running(&mut self, task: &TaskId) -> Option<&mut Running> {
-        self.slots.get_mut(task).and_then(|s| s.task.as_mut())
-    }
-
-    /// Starts a store action about `task`; the task gets no other decision until
-    /// it is done.
-    fn start(
-        &mut self,
-        task: &TaskId,
-        action: impl std::future::Future<Output = Done> + Send + 'static,
-    ) {
-        let about = task.clone();
-        // On the lease thread's runtime: the store round trip does not wait for
-        // this one.
-        let handle = self
-            .actions
-            .spawn_on(async move { (about, action.await) }, &self.inner.control);
-        self.action_tasks.insert(handle.id(), task.clone());
-        self.queue.start(task.clone());
-    }
-
-    /// Remembers that the store refused the held token of `task` as this worker's.
-    fn refused(&mut self, task: &TaskId, error: &ClusterError) {
-        if let (ClusterError::Fenced { .. }, Some(slot)) = (error, self.slots.get(task)) {
-            self.dead.insert(task.clone(), slot.token.revision);
-        }
+        self.execute(task, action, desired).await;
     }
 
     /// Forgets a held task: the slot, and the worker's public view of it.
@@ -824,144 +584,6 @@ impl Reconciler {
         self.slots.remove(task);
         self.inner.view().remove(task);
         self.handing_over.remove(task);
-    }
-
-    /// Applies the result of a finished action.
-    fn done(&mut self, done: Result<(tokio::task::Id, (TaskId, Done)), tokio::task::JoinError>) {
-        let (id, task, done) = match done {
-            Ok((id, (task, done))) => (id, task, Some(done)),
-            Err(error) => {
-                let Some(task) = self.action_tasks.get(&error.id()).cloned() else {
-                    return;
-                };
-                tracing::warn!(worker = %self.inner.id, %task, %error, "a store action failed");
-                (error.id(), task, None)
-            }
-        };
-        self.action_tasks.remove(&id);
-        let inner = Arc::clone(&self.inner);
-        // Decided about again at once only when the action changed something; an
-        // action refused by the store waits for the watch to show why, one that
-        // did not reach it is tried again after a pause.
-        let mut again = true;
-        let mut unreached = false;
-        match done {
-            Some(Done::Claimed(result)) => {
-                self.claiming = self.claiming.saturating_sub(1);
-                match result {
-                    Ok(result) if result.succeeded => {
-                        let revision = result.revision;
-                        tracing::info!(worker = %inner.id, %task, revision, "claimed");
-                        let token = FenceToken {
-                            task: task.clone(),
-                            worker: inner.id.clone(),
-                            lease: inner.lease,
-                            revision,
-                        };
-                        inner.view().insert(
-                            task.clone(),
-                            Held {
-                                token: token.clone(),
-                                handle: None,
-                            },
-                        );
-                        self.slots.insert(task.clone(), Slot { token, task: None });
-                        let key = inner.keys.owner(&task);
-                        let kv = KeyValue {
-                            key: key.clone(),
-                            value: inner.owner_value.clone().into_bytes(),
-                            create_revision: revision,
-                            mod_revision: revision,
-                            lease: inner.lease,
-                        };
-                        let changes = self.view.own_write(key, Some(kv), revision);
-                        self.changed(changes);
-                    }
-                    Ok(_) => again = false, // someone else was first; the watch tells who
-                    Err(error) => {
-                        tracing::debug!(worker = %inner.id, %task, %error, "claim failed");
-                        unreached = true;
-                    }
-                }
-            }
-            Some(Done::Confirmed { token, result }) => match result {
-                Ok(_) => {
-                    tracing::info!(worker = %inner.id, %task, revision = token.revision, "adopted");
-                    inner.view().insert(
-                        task.clone(),
-                        Held {
-                            token: token.clone(),
-                            handle: None,
-                        },
-                    );
-                    self.slots.insert(task.clone(), Slot { token, task: None });
-                }
-                Err(ClusterError::Fenced { .. }) => {
-                    self.dead.insert(task.clone(), token.revision);
-                    again = false; // the watch shows whose it is
-                }
-                Err(error) => {
-                    tracing::debug!(worker = %inner.id, %task, %error, "confirm failed");
-                    unreached = true;
-                }
-            },
-            Some(Done::Published { key, value, result }) => match result {
-                Ok(revision) => {
-                    let kv = KeyValue {
-                        key: key.clone(),
-                        value,
-                        create_revision: revision,
-                        mod_revision: revision,
-                        lease: 0,
-                    };
-                    let changes = self.view.own_write(key, Some(kv), revision);
-                    self.changed(changes);
-                }
-                Err(error) => {
-                    tracing::debug!(worker = %inner.id, %task, %error, "publish failed");
-                    unreached = !matches!(error, ClusterError::Fenced { .. });
-                    self.refused(&task, &error);
-                }
-            },
-            Some(Done::Released { key, rest, result }) => match result {
-                Ok(revision) => {
-                    tracing::info!(worker = %inner.id, %task, handed = rest.is_some(), "released");
-                    self.forget(&task);
-                    if let Some((observed, value)) = rest {
-                        let kv = KeyValue {
-                            key: observed.clone(),
-                            value,
-                            create_revision: revision,
-                            mod_revision: revision,
-                            lease: 0,
-                        };
-                        let changes = self.view.own_write(observed, Some(kv), revision);
-                        self.changed(changes);
-                    }
-                    let changes = self.view.own_write(key, None, revision);
-                    self.changed(changes);
-                    self.rebalance_due = true;
-                }
-                Err(error) => {
-                    tracing::debug!(worker = %inner.id, %task, %error, "release failed");
-                    unreached = !matches!(error, ClusterError::Fenced { .. });
-                    self.refused(&task, &error);
-                }
-            },
-            None => {
-                // A panicked claim still counted as held.
-                if !self.slots.contains_key(&task) {
-                    self.claiming = self.claiming.saturating_sub(1);
-                }
-                unreached = true;
-            }
-        }
-        if unreached {
-            self.queue.finish(task.clone(), false);
-            self.retry_later(task);
-        } else {
-            self.queue.finish(task, again);
-        }
     }
 
     /// Shutdown: stop every local run, withdraw owner keys and reports (fenced).
