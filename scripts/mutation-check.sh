@@ -1609,8 +1609,8 @@ EOF
 
 m117() {
   WHERE="cluster/worker/reconcile/mod.rs: Reconciler::forget"
-  MUTANT="what was sent about a task is forgotten with its local run: rebuilt under the same token after a fence, it runs under its own Paused report for a hand-over"
-  SUITE="--all-features --test cluster_promises a_rest_report_sent_for_a_hand_over"
+  MUTANT="what was sent about a task is forgotten with its local run: rebuilt under the same token after a fence, it runs again though its release, answer lost, may still land"
+  SUITE="--all-features --test cluster_promises what_was_sent_under_a_token"
   edit src/cluster/worker/reconcile/mod.rs <<'EOF'
         self.slots.remove(task);
         self.inner.view().remove(task);

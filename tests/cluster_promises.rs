@@ -1579,17 +1579,20 @@ async fn a_built_task_is_decided_at_once_not_at_the_next_wake_up() {
     worker.shutdown().await.expect("shutdown");
 }
 
-/// A coordinator that forwards to the in-memory store until a rest report (a
-/// Paused observed status) of its worker lands; from then on, until the test says,
-/// every call but a watch fails as unreachable (the watches it opened go on).
+/// A coordinator that forwards to the in-memory store until, once armed, a worker
+/// sends a release (a write that deletes an owner key): that write is kept, not
+/// applied, and answered as unreachable, as a write whose answer was lost is; from
+/// then on, until the test says, every call but a watch fails as unreachable (the
+/// watches it opened go on).
 #[derive(Clone)]
-struct CutAfterRest {
+struct LoseTheRelease {
     store: MemoryCoordinator,
     cut: Arc<std::sync::atomic::AtomicBool>,
     armed: Arc<std::sync::atomic::AtomicBool>,
+    kept: Arc<std::sync::Mutex<Option<Txn>>>,
 }
 
-impl CutAfterRest {
+impl LoseTheRelease {
     fn check(&self, op: &'static str) -> Result<(), ClusterError> {
         if self.cut.load(Ordering::SeqCst) {
             return Err(ClusterError::Unreachable {
@@ -1601,7 +1604,7 @@ impl CutAfterRest {
     }
 }
 
-impl Coordinator for CutAfterRest {
+impl Coordinator for LoseTheRelease {
     pass_to_store!(grant, watch, wait_change);
 
     fn keep_alive(&self, lease: i64) -> BoxFuture<'_, Result<KeepAlive, ClusterError>> {
@@ -1628,33 +1631,34 @@ impl Coordinator for CutAfterRest {
     fn txn(&self, txn: Txn) -> BoxFuture<'_, Result<TxnResult, ClusterError>> {
         Box::pin(async move {
             self.check("txn")?;
-            let rest = txn.then.iter().any(|op| {
-                matches!(op, Op::Put { key, value, .. }
-                    if key.ends_with("/observed")
-                        && value.starts_with(b"stage=Paused\n"))
-            });
-            let answer = self.store.txn(txn).await;
-            if rest
-                && answer.as_ref().is_ok_and(|r| r.succeeded)
-                && self.armed.load(Ordering::SeqCst)
-            {
+            let release = txn
+                .then
+                .iter()
+                .any(|op| matches!(op, Op::Delete { key } if key.ends_with("/owner")));
+            if release && self.armed.swap(false, Ordering::SeqCst) {
                 self.cut.store(true, Ordering::SeqCst);
+                *self.kept.lock().expect("the kept release") = Some(txn);
+                return Err(ClusterError::Unreachable {
+                    op: "txn",
+                    detail: "the answer was lost".into(),
+                });
             }
-            answer
+            self.store.txn(txn).await
         })
     }
 }
 
 /// What a worker sent about a task under its token outlives a rebuild under the
-/// same token. w2 hands t over to w1: it pauses t and its Paused report lands;
-/// then w2 loses the store (its keep-alives and writes fail) until just past its
-/// lease deadline, so its guard stops t and the loop drops it, but the lease is
-/// still alive in the store when w2 gets the store back. The key is still w2's,
-/// so w2 builds t again under the same token: it must carry the hand-over through
-/// (its Paused report stands for the current desired revision), never run t again
-/// under that report (decide, invariant 6).
+/// same token. w2 hands t over to w1: it pauses t and sends the release (with the
+/// Paused report of its rest), whose answer is lost and which has not landed; then
+/// w2 loses the store (its keep-alives and writes fail) until just past its lease
+/// deadline, so its guard stops t and the loop drops it, but the lease is still
+/// alive in the store when w2 gets the store back. The key is still w2's, so w2
+/// meets t again under the same token: the release it sent may still land, so it
+/// must carry the hand-over through, never run t again under that token (decide,
+/// invariant 6). The lost release then lands late and changes nothing.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
-async fn a_rest_report_sent_for_a_hand_over_outlives_a_rebuild_under_the_same_token() {
+async fn what_was_sent_under_a_token_outlives_a_rebuild_under_the_same_token() {
     let store = MemoryCoordinator::new();
     let probes = Probes::default();
     let controller = Controller::new(store.clone(), "rebuilt").expect("a controller");
@@ -1662,10 +1666,11 @@ async fn a_rest_report_sent_for_a_hand_over_outlives_a_rebuild_under_the_same_to
         .create("t", Vec::new(), DesiredStage::Running)
         .await
         .expect("create");
-    let door = CutAfterRest {
+    let door = LoseTheRelease {
         store: store.clone(),
         cut: Arc::default(),
         armed: Arc::default(),
+        kept: Arc::default(),
     };
     let w2 = join_probed(door.clone(), "rebuilt", "w2", &probes, false).await;
     controller
@@ -1678,7 +1683,7 @@ async fn a_rest_report_sent_for_a_hand_over_outlives_a_rebuild_under_the_same_to
     let w1 = join_probed(store.clone(), "rebuilt", "w1", &probes, false).await;
     eventually(
         Duration::from_secs(5),
-        "w2's Paused report for the hand-over",
+        "w2's release of t for the hand-over, its answer lost",
         || door.cut.load(Ordering::SeqCst).then_some(()),
     )
     .await;
@@ -1700,8 +1705,18 @@ async fn a_rest_report_sent_for_a_hand_over_outlives_a_rebuild_under_the_same_to
     assert_eq!(
         probes.started("w2", Some(token)),
         1,
-        "w2 ran t again under the key {token} whose Paused report it had sent: {:?}",
+        "w2 ran t again under the key {token} whose release it had sent: {:?}",
         probes.starts()
+    );
+    let late = door.kept.lock().expect("the kept release").take();
+    let late = late.expect("the release whose answer was lost");
+    let landed = store
+        .txn(late)
+        .await
+        .expect("the late release reaches the store");
+    assert!(
+        !landed.succeeded,
+        "the late release of w2's old key removed w1's claim"
     );
     assert!(probes.most() <= 1, "two runs of t alive at once");
     w1.shutdown().await.expect("shutdown w1");

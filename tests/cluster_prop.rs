@@ -32,7 +32,7 @@
 //! the same token forgot the rest report it had sent) was found from outside at
 //! 1,000 cases in 2 runs of 3 and never at 128. With that defect planted again
 //! (mutant 117), 1,000 cases did not find it in 3 runs here: the deterministic test
-//! `cluster_promises::a_rest_report_sent_for_a_hand_over_outlives_a_rebuild_under_the_same_token`
+//! `cluster_promises::what_was_sent_under_a_token_outlives_a_rebuild_under_the_same_token`
 //! is what holds it.
 //!
 //! Beside them, plain tests: 30 tasks on 3 workers, a 4th joins and gets its share
