@@ -2,12 +2,18 @@
 //! `Worker` on the in-memory store, every answer checked against the unit.
 
 mod http_common;
+#[macro_use]
+#[path = "support/pass_to_store.rs"]
+mod pass_to_store;
 
 use std::time::Duration;
 
 use axum::http::StatusCode;
 use http_common::{call, Live, Probe};
-use taskstage::cluster::{Controller, DesiredStage, MemoryCoordinator, Worker};
+use taskstage::cluster::{
+    BoxFuture, ClusterError, Controller, Coordinator, DesiredStage, Grant, KeepAlive, Listing,
+    MemoryCoordinator, Txn, TxnResult, WatchStream, Worker,
+};
 use taskstage::http::{Api, Auth};
 use taskstage::Task;
 
@@ -503,4 +509,56 @@ async fn health_without_a_token_does_not_repeat_the_stores_error_text() {
             "{token:?}: health repeated the store's words {detail:?}: {brief}"
         );
     }
+}
+
+/// A store that counts the listings of one prefix.
+#[derive(Clone)]
+struct CountedLists {
+    store: MemoryCoordinator,
+    prefix: &'static str,
+    lists: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Coordinator for CountedLists {
+    pass_to_store!(grant, keep_alive, revoke, watch, txn, wait_change);
+
+    fn list(&self, prefix: String) -> BoxFuture<'_, Result<Listing, ClusterError>> {
+        if prefix.starts_with(self.prefix) {
+            self.lists.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        self.store.list(prefix)
+    }
+}
+
+/// The API follows an empty prefix from the revision of its listing, not from 0:
+/// a store whose revision moved on (here by another prefix's task) does not make
+/// it list the prefix again every 50 ms. At rest it lists once per change, and
+/// once per re-list period (10 s).
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn an_empty_prefix_is_followed_at_rest_not_listed_again_and_again() {
+    let store = MemoryCoordinator::new();
+    Controller::new(store.clone(), "other")
+        .expect("a controller")
+        .create("elsewhere", Vec::new(), DesiredStage::Paused)
+        .await
+        .expect("a task under another prefix");
+    let counted = CountedLists {
+        store: store.clone(),
+        prefix: "app",
+        lists: std::sync::Arc::default(),
+    };
+    let controller = Controller::new(counted.clone(), "app").expect("a controller");
+    let router = Api::cluster(controller)
+        .auth(Auth::tokens().admin(ADMIN))
+        .router();
+    let (status, answer) = call(&router, "GET", "/v1/tasks", Some(ADMIN), None).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    let before = counted.lists.load(std::sync::atomic::Ordering::SeqCst);
+    // A window of the paused clock shorter than the re-list period.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let during = counted.lists.load(std::sync::atomic::Ordering::SeqCst) - before;
+    assert!(
+        during <= 1,
+        "the empty prefix was listed {during} times in 5 s with nothing changing under it"
+    );
 }

@@ -683,6 +683,33 @@ impl Controller {
     ///
     /// Cancel safe: it only reads.
     pub async fn list(&self) -> Result<Vec<TaskStatus>, ClusterError> {
+        Ok(self.list_with_revision().await?.1)
+    }
+
+    /// As [`Controller::list`], with the store's revision of the read: the `after`
+    /// of a [`Controller::wait_tasks_change`] that misses no change since the
+    /// listing, also when it holds no task (each task's
+    /// [`TaskStatus::revision`] is the same revision).
+    ///
+    /// ```no_run
+    /// # async fn follow(controller: taskstage::cluster::Controller) -> Result<(), taskstage::cluster::ClusterError> {
+    /// use std::time::Duration;
+    /// loop {
+    ///     let (revision, tasks) = controller.list_with_revision().await?;
+    ///     println!("{} tasks at revision {revision}", tasks.len());
+    ///     controller.wait_tasks_change(revision, Duration::from_secs(10)).await?;
+    /// }
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`Controller::list`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    pub async fn list_with_revision(&self) -> Result<(i64, Vec<TaskStatus>), ClusterError> {
         let listing = within(
             self.op_timeout,
             "list tasks",
@@ -707,7 +734,7 @@ impl Controller {
                 Err(error) => return Err(error),
             }
         }
-        Ok(tasks)
+        Ok((listing.revision, tasks))
     }
 
     /// The checkpoints the units of `task` wrote through their

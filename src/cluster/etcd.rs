@@ -718,14 +718,12 @@ impl Coordinator for EtcdCoordinator {
     ) -> BoxFuture<'_, Result<(), ClusterError>> {
         Box::pin(async move {
             let deadline = tokio::time::Instant::now() + timeout;
-            if after <= 0 {
-                // Nothing known to wait from: the caller re-reads after the period.
-                tokio::time::sleep_until(deadline).await;
-                return Ok(());
-            }
+            // From revision 0 (nothing read yet) the watch starts at the store's
+            // first revision: every change since, or a compaction notice, ends the
+            // wait at once, as the documented early return allows.
             let options = WatchOptions::new()
                 .with_prefix()
-                .with_start_revision(after + 1);
+                .with_start_revision(after.max(0) + 1);
             let mut stream = self
                 .call("watch", |mut c| {
                     let prefix = prefix.clone();

@@ -107,9 +107,12 @@ async fn follow(inner: Weak<Inner>) {
     loop {
         let started = Instant::now();
         let Some(this) = inner.upgrade() else { return };
-        match this.controller.list().await {
-            Ok(list) => {
-                revision = list.iter().map(|s| s.revision).max().unwrap_or(revision);
+        match this.controller.list_with_revision().await {
+            Ok((read_at, list)) => {
+                // The listing's own revision, not its tasks': an empty prefix has
+                // none, and a wait from 0 would see every change since the store
+                // began, again and again.
+                revision = read_at;
                 apply(&this, &list);
                 *this.problem.lock().unwrap_or_else(PoisonError::into_inner) = None;
             }
