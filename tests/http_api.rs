@@ -412,6 +412,48 @@ async fn bad_input_gets_its_status_in_the_error_shape() {
             StatusCode::METHOD_NOT_ALLOWED,
             "method_not_allowed",
         ),
+        // Without a token nothing under /v1/ but health is told: not which
+        // methods a route takes, nor which routes exist.
+        (
+            "DELETE",
+            "/v1/tasks/a",
+            None,
+            None,
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+        ),
+        (
+            "PUT",
+            "/v1/tasks",
+            None,
+            None,
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+        ),
+        (
+            "GET",
+            "/v1/no-such-route",
+            None,
+            None,
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+        ),
+        (
+            "GET",
+            "/v1/no-such-route",
+            Some(READ),
+            None,
+            StatusCode::NOT_FOUND,
+            "not_found",
+        ),
+        (
+            "GET",
+            "/v2/tasks",
+            None,
+            None,
+            StatusCode::NOT_FOUND,
+            "not_found",
+        ),
     ];
     let seq = handle(&f, "a").snapshot().seq;
     for (method, uri, token, body, status, code) in cases {

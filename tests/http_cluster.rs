@@ -562,3 +562,31 @@ async fn an_empty_prefix_is_followed_at_rest_not_listed_again_and_again() {
         "the empty prefix was listed {during} times in 5 s with nothing changing under it"
     );
 }
+
+/// A spec over the store's limit (`MAX_SPEC_BYTES`), in a body the API's own limit
+/// lets through, is bad input like a body over that limit: 413 `too_large`,
+/// naming the command, and nothing is created. It was a 500 `internal`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spec_over_the_stores_limit_is_413_and_creates_nothing() {
+    let store = MemoryCoordinator::new();
+    let controller = Controller::new(store, "app").expect("a controller");
+    let router = Api::cluster(controller.clone())
+        .auth(Auth::tokens().admin(ADMIN))
+        .body_limit(4 << 20)
+        .router();
+    let spec = "x".repeat(taskstage::cluster::MAX_SPEC_BYTES + 1);
+    let body = serde_json::json!({"id": "big", "stage": "Paused", "spec": spec});
+    let (status, answer) = call(
+        &router,
+        "POST",
+        "/v1/tasks",
+        Some(ADMIN),
+        Some(body.to_string().into_bytes()),
+    )
+    .await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{answer}");
+    assert_eq!(answer["error_code"], "too_large", "{answer}");
+    assert_eq!(answer["command"], "create", "{answer}");
+    let listed = controller.list().await.expect("the list");
+    assert!(listed.is_empty(), "a task was created: {listed:?}");
+}

@@ -234,6 +234,10 @@ fn map_error(error: ClusterError, id: &str, command: &'static str) -> ApiError {
         }
         ClusterError::Conflict { .. } => ApiError::new(StatusCode::CONFLICT, "conflict", msg),
         ClusterError::TaskExists { .. } => ApiError::new(StatusCode::CONFLICT, "exists", msg),
+        // Bad input, as a body over the API's own limit is: the limit is the store's.
+        ClusterError::SpecTooLarge { .. } => {
+            ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", msg)
+        }
         ClusterError::Unreachable { .. }
         | ClusterError::Store { .. }
         | ClusterError::HistoryReplaced { .. } => {

@@ -50,17 +50,18 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/workers", get(workers))
         .route("/v1/workers/{id}/drain", post(drain))
         .route("/v1/auth", get(whoami))
-        // Applies to the routes above only: unknown routes are 404 without a token.
-        .route_layer(middleware::from_fn_with_state(
-            Arc::clone(&shared),
-            authorize,
-        ))
         .route("/v1/health", get(health))
         .route("/", get(status_page))
         .route("/ui", get(status_page))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
+        // Outside the routing: a caller without a token learns nothing of the API,
+        // not even which of its routes exist or which methods they take.
+        .layer(middleware::from_fn_with_state(
+            Arc::clone(&shared),
+            authorize,
+        ))
         // Outermost: every route, the page and the fallbacks (see `origin`).
         .layer(middleware::from_fn_with_state(
             Arc::clone(&shared),
@@ -103,7 +104,17 @@ fn forbid_framing(headers: &mut axum::http::HeaderMap) {
     }
 }
 
+/// Every path under `/v1/` but `/v1/health` needs a token: the routes, the
+/// methods they do not take and the paths that are no route alike. The page and
+/// the paths outside `/v1/` need none.
+fn needs_a_token(path: &str) -> bool {
+    path.starts_with("/v1/") && path != "/v1/health"
+}
+
 async fn authorize(State(shared): St, mut request: Request, next: Next) -> Response {
+    if !needs_a_token(request.uri().path()) {
+        return next.run(request).await;
+    }
     match shared.auth.check(request.headers(), request.method()) {
         Ok(scope) => {
             request.extensions_mut().insert(scope);
