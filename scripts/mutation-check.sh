@@ -170,7 +170,8 @@ if [[ ${1-} == --refresh ]]; then
       stale=1
       continue
     fi
-    { grep -E '^# (where|mutant|suite): ' "$f"; git diff --no-color --no-ext-diff; } >"$f.tmp"
+    # The mutant's own diff: not the patches this loop has already written back.
+    { grep -E '^# (where|mutant|suite): ' "$f"; git diff --no-color --no-ext-diff -- . ':!tests/mutants'; } >"$f.tmp"
     restore
     mv "$f.tmp" "$f"
   done

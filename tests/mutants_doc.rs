@@ -105,6 +105,11 @@ fn every_mutant_is_in_form_and_names_a_suite_that_exists() {
         );
         for file in &m.files {
             assert!(
+                !file.starts_with("tests/mutants/"),
+                "{}: changes a mutant ({file}): the diff was taken with the patch itself changed",
+                m.path.display()
+            );
+            assert!(
                 root().join(file).is_file(),
                 "{}: changes {file}, which does not exist",
                 m.path.display()
