@@ -159,11 +159,41 @@ on_both_runtimes! {
 
 // ------------------------------------------------- Stopped and Finished: closes done
 
-/// A unit that counts its closes, finishing them only after `close_takes`.
+/// A unit that counts its closes, finishing them only after `close_takes`, and
+/// tells its [`Witness`] the stage its task is in while each close runs.
 struct Closes {
     closed: Arc<AtomicUsize>,
     close_takes: Duration,
     complete: bool,
+    witness: Witness,
+}
+
+/// The stages a task was in while its units' closes ran: read by the close itself,
+/// so a stage published before a close returned is seen whatever thread or
+/// runtime tells the waiters of it (invariants 4 and 9b).
+#[derive(Clone, Default)]
+struct Witness {
+    handle: Arc<OnceLock<Handle>>,
+    stages: Arc<Mutex<Vec<Stage>>>,
+}
+
+impl Witness {
+    fn watch(&self, handle: &Handle) {
+        assert!(
+            self.handle.set(handle.clone()).is_ok(),
+            "one task per witness"
+        );
+    }
+
+    /// Asserts that no close ran with its task already in a terminal stage.
+    fn assert_no_close_after(&self, what: &str) {
+        let stages = self.stages.lock().unwrap().clone();
+        assert!(!stages.is_empty(), "no close was witnessed");
+        assert!(
+            stages.iter().all(|stage| !stage.is_terminal()),
+            "{what} was published while a close still ran: stages at the closes {stages:?}"
+        );
+    }
 }
 
 impl Unit for Closes {
@@ -178,15 +208,29 @@ impl Unit for Closes {
     fn close(&mut self) {
         // A slow release of resources: blocking user code, on purpose.
         std::thread::sleep(self.close_takes);
+        if let Some(handle) = self.witness.handle.get() {
+            let stage = handle.stage();
+            self.witness.stages.lock().unwrap().push(stage);
+        }
         self.closed.fetch_add(1, Ordering::SeqCst);
     }
 }
 
 fn closes(closed: &Arc<AtomicUsize>, complete: bool, close_takes: Duration) -> Closes {
+    witnessed(closed, complete, close_takes, &Witness::default())
+}
+
+fn witnessed(
+    closed: &Arc<AtomicUsize>,
+    complete: bool,
+    close_takes: Duration,
+    witness: &Witness,
+) -> Closes {
     Closes {
         closed: Arc::clone(closed),
         close_takes,
         complete,
+        witness: witness.clone(),
     }
 }
 
@@ -218,28 +262,33 @@ async fn recorded(
 on_both_runtimes! {
     async fn an_observer_that_sees_stopped_finds_every_unit_closed() {
         let closed = Arc::new(AtomicUsize::new(0));
+        let witness = Witness::default();
         let handle = Task::builder("t")
-            .unit(closes(&closed, false, Duration::ZERO))
-            .unit(closes(&closed, false, Duration::ZERO))
-            .unit(closes(&closed, false, Duration::ZERO))
+            .unit(witnessed(&closed, false, Duration::ZERO, &witness))
+            .unit(witnessed(&closed, false, Duration::ZERO, &witness))
+            .unit(witnessed(&closed, false, Duration::ZERO, &witness))
             .spawn_paused()
             .unwrap();
+        witness.watch(&handle);
         let seen = record_closes_at_terminal(&handle, &closed);
         assert_eq!(handle.stop().await.unwrap(), Stage::Stopped);
         assert_eq!(closed.load(Ordering::SeqCst), 3, "stop returned before every close");
         let seen = recorded(seen).await;
         assert_eq!(seen, (Stage::Stopped, 3), "Stopped was published before the closes returned: {seen:?}");
+        witness.assert_no_close_after("Stopped");
     }
 }
 
 on_both_runtimes! {
     async fn an_observer_that_sees_finished_finds_the_last_unit_closed() {
         let closed = Arc::new(AtomicUsize::new(0));
+        let witness = Witness::default();
         let handle = Task::builder("t")
-            .unit(closes(&closed, true, Duration::ZERO))
-            .unit(closes(&closed, true, Duration::ZERO))
+            .unit(witnessed(&closed, true, Duration::ZERO, &witness))
+            .unit(witnessed(&closed, true, Duration::ZERO, &witness))
             .spawn_paused()
             .unwrap();
+        witness.watch(&handle);
         let seen = record_closes_at_terminal(&handle, &closed);
         handle.resume().await.unwrap();
         eventually(&handle, "Finished", Stage::is_terminal).await;
@@ -249,6 +298,7 @@ on_both_runtimes! {
         assert_eq!(closed.load(Ordering::SeqCst), 2, "stop of Finished returned before the last close");
         let seen = recorded(seen).await;
         assert_eq!(seen, (Stage::Finished, 2), "Finished was published before the last close returned: {seen:?}");
+        witness.assert_no_close_after("Finished");
     }
 }
 
@@ -320,8 +370,12 @@ fn a_wait_for_predicate_may_use_the_handle(runtime: tokio::runtime::Runtime) {
             .enable_all()
             .build()
             .unwrap();
-        let snapshot =
-            own.block_on(waiter.wait_for(move |_| inner.snapshot().stage == Stage::Running));
+        // The predicate reads the handle (the point of the test) and the snapshot
+        // it is given: the one wait_for returns, which may be older than the
+        // handle's when the task moves on between the two.
+        let snapshot = own.block_on(waiter.wait_for(move |s| {
+            inner.snapshot().stage == Stage::Running && s.stage == Stage::Running
+        }));
         let _ = done.send(snapshot.stage);
     });
     // Drive the task's runtime on a thread of its own (a current-thread runtime runs
