@@ -90,7 +90,7 @@ fn serve(count: usize) -> Served {
         .expect("a runtime");
     let (group, router) = runtime.block_on(async {
         let (group, _) = running_probes(count).await;
-        let tasks = LocalTasks::from_group(&group);
+        let tasks = LocalTasks::from_group(&group).expect("one task per name");
         // No token: the figures are the API's, not a comparison of strings.
         let router = Api::local(&tasks).auth(Auth::open()).router();
         (group, router)

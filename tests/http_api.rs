@@ -53,11 +53,11 @@ async fn fixture(
         Some(c) => {
             let tasks = LocalTasks::with_event_capacity(c);
             for h in group.tasks() {
-                tasks.add(h);
+                tasks.add(h).expect("a name of its own");
             }
             tasks
         }
-        None => LocalTasks::from_group(&group),
+        None => LocalTasks::from_group(&group).expect("one task per name"),
     };
     let router = Api::local(&tasks).auth(auth()).router();
     (
@@ -492,7 +492,7 @@ async fn health_is_503_naming_a_task_stuck_in_a_transition() {
         .expect("spawned");
     handle.wait_for_stage(|s| s == Stage::Running).await;
     let tasks = LocalTasks::new();
-    tasks.add(&handle);
+    tasks.add(&handle).expect("a name of its own");
     let router = Api::local(&tasks)
         .auth(auth())
         .stuck_after(Duration::from_millis(1))
@@ -951,7 +951,7 @@ async fn a_change_is_in_the_next_listing_once_observed() {
     reporter
         .wait_for(|s| s.stage == Stage::Running && s.progress.done == 0)
         .await;
-    f.tasks.add(&reporter);
+    f.tasks.add(&reporter).expect("a name of its own");
 
     for round in 0..20usize {
         let name = &names[round * 7 % names.len()];
@@ -1072,4 +1072,66 @@ async fn every_answer_forbids_framing_and_type_guessing() {
             "GET {uri} ({status}): content-security-policy {policy:?}"
         );
     }
+}
+
+/// The API names a task by its name, so a second task of a served name is refused,
+/// with the name, and changes nothing: the first stays the one every route reaches.
+/// Before, both were listed, the page showed one, and the second was out of reach.
+/// Once the first has ended and is removed, the name can be served again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_task_of_a_served_name_is_refused_and_changes_nothing() {
+    let spawn = |live: &Live| {
+        Task::builder("orders")
+            .unit(Probe {
+                live: live.clone(),
+                hold: None,
+            })
+            .spawn_paused()
+            .expect("spawned")
+    };
+    let live = Live::default();
+    let (first, second) = (spawn(&live), spawn(&live));
+    let tasks = LocalTasks::new();
+    tasks.add(&first).expect("the first of its name");
+    let refused = tasks.add(&second).expect_err("a second task named orders");
+    assert_eq!(refused.name, "orders");
+    assert!(refused.to_string().contains("orders"), "{refused}");
+    assert_eq!(tasks.len(), 1, "the refused task was served");
+    let router = Api::local(&tasks).auth(auth()).router();
+    let (status, body) = call(&router, "GET", "/v1/tasks", Some(READ), None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["items"].as_array().map(Vec::len), Some(1), "{body}");
+    let (status, body) = call(
+        &router,
+        "POST",
+        "/v1/tasks/orders/resume",
+        Some(ADMIN),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        first.stage(),
+        Stage::Running,
+        "the route reached another task"
+    );
+    assert_eq!(
+        second.stage(),
+        Stage::New,
+        "the refused task was commanded"
+    );
+
+    let mut group = TaskGroup::new();
+    group.add(spawn(&live));
+    group.add(spawn(&live));
+    let refused = LocalTasks::from_group(&group).expect_err("a group with one name twice");
+    assert_eq!(refused.name, "orders");
+
+    assert_eq!(first.stop().await.expect("stopped"), Stage::Stopped);
+    assert_eq!(tasks.remove_ended(), 1);
+    tasks
+        .add(&second)
+        .expect("the name is free once its task is removed");
+    assert_eq!(tasks.len(), 1);
+    second.stop().await.expect("stopped");
 }

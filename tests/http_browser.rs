@@ -188,7 +188,7 @@ async fn a_page_of_another_origin_changes_and_reads_nothing_on_an_open_server() 
     victim.wait_for_stage(|s| s == Stage::Running).await;
     let seq = victim.snapshot().seq;
     let tasks = LocalTasks::new();
-    tasks.add(&victim);
+    tasks.add(&victim).expect("a name of its own");
     let router = Api::local(&tasks).auth(Auth::open()).router();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
@@ -278,7 +278,7 @@ async fn the_page_lists_commands_and_follows_the_tasks_live() {
         group.add(handle);
         lives.push(live);
     }
-    let tasks = LocalTasks::from_group(&group);
+    let tasks = LocalTasks::from_group(&group).expect("one task per name");
     let router = Api::local(&tasks)
         .auth(
             Auth::tokens()

@@ -196,7 +196,7 @@ async fn commander(
 async fn two_hundred_clients_for_a_minute_get_no_error_and_memory_stays_flat() {
     let length = duration();
     let (group, lives) = running_probes(TASKS).await;
-    let tasks = LocalTasks::from_group(&group);
+    let tasks = LocalTasks::from_group(&group).expect("one task per name");
     let router = Api::local(&tasks)
         .auth(Auth::tokens().admin(ADMIN).read_only(READ))
         .router();

@@ -18,6 +18,15 @@ use crate::runtime::{Event, TaskObserver, TaskSnapshot, WeakHandle};
 use crate::stage::Stage;
 use crate::{Handle, Outcome, TaskGroup};
 
+/// A task could not be served: one of its name is served already, and the API
+/// names a task by its name ([`LocalTasks::add`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("a task named {name:?} is served already: the API names each task by its name")]
+pub struct NameTaken {
+    /// The name.
+    pub name: String,
+}
+
 /// One task: read through its observer, commanded through a weak handle, so that
 /// serving it keeps nothing alive (dropping the application's last handle stops the
 /// task as it would without the API).
@@ -29,7 +38,8 @@ struct Entry<C: Send + Sync + 'static> {
     since: Arc<AtomicU64>,
 }
 
-/// The tasks in the order of addition, and each name's first place among them.
+/// The tasks in the order of addition, and each name's place among them (one task
+/// per name).
 type Table<C> = (Vec<Arc<Entry<C>>>, HashMap<Arc<str>, usize>);
 
 struct Inner<C: Send + Sync + 'static> {
@@ -116,21 +126,32 @@ impl<C: Send + Sync + 'static> LocalTasks<C> {
     ///
     /// If and only if called outside a tokio runtime (each task's events are
     /// followed by a spawned tokio task).
-    pub fn from_group(group: &TaskGroup<C>) -> Self {
+    ///
+    /// # Errors
+    ///
+    /// [`NameTaken`] when two tasks of the group share a name: the API names a
+    /// task by its name, so the second would be listed and out of reach.
+    pub fn from_group(group: &TaskGroup<C>) -> Result<Self, NameTaken> {
         let tasks = Self::new();
         for handle in group.tasks() {
-            tasks.add(handle);
+            tasks.add(handle)?;
         }
-        tasks
+        Ok(tasks)
     }
 
     /// Serves one more task, named by its name.
+    ///
+    /// # Errors
+    ///
+    /// [`NameTaken`] when a task of that name is served already (until
+    /// [`LocalTasks::remove_ended`] removes it, once it has ended); nothing
+    /// changes.
     ///
     /// # Panics
     ///
     /// If and only if called outside a tokio runtime (the task's events are
     /// followed by a spawned tokio task).
-    pub fn add(&self, handle: &Handle<C>) {
+    pub fn add(&self, handle: &Handle<C>) -> Result<(), NameTaken> {
         let observer = handle.observer();
         // The stream is made before the stage is read: no change falls between them.
         let mut events = observer.events();
@@ -146,8 +167,13 @@ impl<C: Send + Sync + 'static> LocalTasks<C> {
                 .entries
                 .write()
                 .unwrap_or_else(PoisonError::into_inner);
+            if entries.1.contains_key(&entry.id) {
+                return Err(NameTaken {
+                    name: handle.name().to_owned(),
+                });
+            }
             let index = entries.0.len();
-            entries.1.entry(Arc::clone(&entry.id)).or_insert(index);
+            entries.1.insert(Arc::clone(&entry.id), index);
             entries.0.push(Arc::clone(&entry));
             // Relaxed: read and written under the entries' lock, which orders it.
             self.inner.table.fetch_add(1, Ordering::Relaxed);
@@ -195,6 +221,7 @@ impl<C: Send + Sync + 'static> LocalTasks<C> {
                 }
             }
         });
+        Ok(())
     }
 
     /// How many tasks are served.

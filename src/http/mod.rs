@@ -45,7 +45,7 @@
 //! let mut group = TaskGroup::new();
 //! group.add(Task::builder("orders").unit(Copy).spawn().unwrap());
 //!
-//! let tasks = LocalTasks::from_group(&group);
+//! let tasks = LocalTasks::from_group(&group).expect("one task per name");
 //! let api = Api::local(&tasks)
 //!     .auth(Auth::tokens().admin("admin-token").read_only("read-token"))
 //!     .router();
@@ -75,7 +75,7 @@ use axum::Router;
 use serde_json::{json, Value};
 
 pub use self::auth::{Auth, Scope};
-pub use self::local::LocalTasks;
+pub use self::local::{LocalTasks, NameTaken};
 
 use self::error::ApiError;
 use self::hub::Hub;
