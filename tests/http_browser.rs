@@ -401,3 +401,52 @@ async fn the_page_lists_commands_and_follows_the_tasks_live() {
     drop(driver);
     server.abort();
 }
+
+/// A name that holds a right-to-left override (or any character that changes how
+/// the text around it is shown, or is not shown) is written out on the page, not
+/// obeyed: `ev\u{202E}lave` would otherwise show as another name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_with_direction_controls_shows_them_instead_of_obeying_them() {
+    let Some((chromium, chromedriver)) = browser_tools() else {
+        return;
+    };
+    let name = "ev\u{202E}lave\u{200B}";
+    let spoof = Task::builder(name)
+        .unit(Probe {
+            live: Live::default(),
+            hold: None,
+        })
+        .spawn_paused()
+        .expect("spawned");
+    let tasks = LocalTasks::new();
+    tasks.add(&spoof).expect("a name of its own");
+    let router = Api::local(&tasks)
+        .auth(Auth::tokens().admin("admin-secret"))
+        .router();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a listener");
+    let addr = listener.local_addr().expect("its address");
+    let server = tokio::spawn(async move { axum::serve(listener, router).await });
+    let (driver, client) = session(&chromium, &chromedriver, &[]).await;
+    client
+        .goto(&format!("http://{addr}/ui#token=admin-secret"))
+        .await
+        .expect("the page loads");
+    let cell = client
+        .wait()
+        .at_most(WITHIN)
+        .every(Duration::from_millis(20))
+        .for_element(Locator::Css("tr[data-id] td"))
+        .await
+        .expect("the task's row");
+    let shown = cell.text().await.expect("its text");
+    assert_eq!(
+        shown, "ev\\u{202E}lave\\u{200B}",
+        "the name is not written out as it is: {shown:?}"
+    );
+    client.close().await.expect("the session closes");
+    drop(driver);
+    server.abort();
+    drop(spoof);
+}

@@ -24,7 +24,7 @@
     try { body = await res.json(); } catch (e) { body = null; }
     return { status: res.status, body };
   }
-  function showError(msg) { $("error").textContent = msg || ""; }
+  function showError(msg) { $("error").textContent = msg ? visible(msg) : ""; }
 
   function fmtSince(ms) {
     if (ms == null) return "";
@@ -32,6 +32,14 @@
     if (s < 60) return s + "s ago";
     if (s < 3600) return Math.round(s / 60) + "m ago";
     return Math.round(s / 3600) + "h ago";
+  }
+
+  // Characters that change how the text around them is shown, or are not shown at
+  // all (direction overrides and isolates, zero-width marks, controls), written out
+  // as \u{...}: a name with a right-to-left override would read as another name.
+  const HIDDEN = /[\u0000-\u001f\u007f-\u009f\u061c\u200b-\u200f\u202a-\u202e\u2060-\u2069\ufeff]/g;
+  function visible(text) {
+    return String(text).replace(HIDDEN, (c) => "\\u{" + c.codePointAt(0).toString(16).toUpperCase() + "}");
   }
 
   function row(item) {
@@ -68,7 +76,7 @@
           b.addEventListener("click", () => command(item.id, cmd));
           td.appendChild(b);
         }
-      } else td.textContent = text;
+      } else td.textContent = visible(text);
       tr.appendChild(td);
     });
     return tr;
