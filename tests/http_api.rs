@@ -1115,11 +1115,7 @@ async fn a_second_task_of_a_served_name_is_refused_and_changes_nothing() {
         Stage::Running,
         "the route reached another task"
     );
-    assert_eq!(
-        second.stage(),
-        Stage::New,
-        "the refused task was commanded"
-    );
+    assert_eq!(second.stage(), Stage::New, "the refused task was commanded");
 
     let mut group = TaskGroup::new();
     group.add(spawn(&live));
