@@ -700,6 +700,7 @@ impl Controller {
     ///     controller.wait_tasks_change(revision, Duration::from_secs(10)).await?;
     /// }
     /// # }
+    /// # let _ = follow;
     /// ```
     ///
     /// # Errors
