@@ -1067,3 +1067,44 @@ async fn an_aborted_run_says_so_and_a_cancelled_one_says_that() {
         handle.snapshot().outcome
     );
 }
+
+/// `abort_now` aborts at once: a run that ignores its token is gone with no grace
+/// period waited (the paused clock does not move), its outcome says `Aborted`, and
+/// Stopped comes only after its unit's close returned. Dropping the wait undoes
+/// nothing: the abort happens when the call returns, not when the future is polled.
+#[tokio::test(start_paused = true)]
+async fn abort_now_aborts_at_once_and_still_closes_first() {
+    let live = Live::new();
+    let (unit, remote) = stubborn("deaf", &live);
+    let handle = Task::builder("deaf")
+        .unit(unit)
+        .stop_grace(Duration::from_secs(60))
+        .spawn()
+        .expect("spawn");
+    handle.wait_for_stage(|s| s == Stage::Running).await;
+    let began = tokio::time::Instant::now();
+    drop(
+        handle
+            .abort_now()
+            .expect("a stop is accepted while running"),
+    );
+    let settled = tokio::time::timeout(
+        Duration::from_secs(1),
+        handle.wait_for_stage(Stage::is_terminal),
+    )
+    .await
+    .expect("stopped within a second, well inside the 60 s grace");
+    assert_eq!(settled.stage, Stage::Stopped);
+    assert_eq!(
+        began.elapsed(),
+        Duration::ZERO,
+        "no grace period was waited"
+    );
+    assert!(
+        matches!(settled.outcome, Some(Outcome::Aborted)),
+        "{:?}",
+        settled.outcome
+    );
+    assert_eq!(remote.closed(), 1, "Stopped only after the close returned");
+    assert_eq!(live.now(), 0, "the aborted run is gone");
+}

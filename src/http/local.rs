@@ -57,7 +57,7 @@ struct Inner<C: Send + Sync + 'static> {
 }
 
 /// What one task's item was built from: its change counter and progress
-/// ([`TaskObserver::cache_key`]), and its `since`. The same key read again means
+/// ([`TaskObserver::version`]), and its `since`. The same key read again means
 /// the same item.
 type Key = (u64, crate::runtime::Progress, u64);
 
@@ -376,7 +376,7 @@ fn outcome(outcome: &Outcome) -> (&'static str, Option<String>) {
 
 /// What `entry`'s item is built from, read now (see [`Key`]).
 fn key_of<C: Send + Sync + 'static>(entry: &Entry<C>) -> Key {
-    let (seq, progress) = entry.observer.cache_key();
+    let (seq, progress) = entry.observer.version();
     // Relaxed: a display value.
     (seq, progress, entry.since.load(Ordering::Relaxed))
 }

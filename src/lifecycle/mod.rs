@@ -382,7 +382,7 @@ impl<K: CancelHandle, C, U> Lifecycle<K, C, U> {
     /// completed), read together under the lock: what a cached copy of the state is
     /// keyed on, without the copy a [`Lifecycle::snapshot`] makes. Every accepted
     /// input moves the counter, so an unchanged counter means an unchanged snapshot.
-    #[cfg(feature = "http")]
+    #[cfg(not(taskstage_loom))]
     pub(crate) fn seq_and_unit(&self) -> (u64, Option<usize>) {
         let state = lock(&self.state);
         (state.seq, (state.unit < state.units).then_some(state.unit))

@@ -621,15 +621,47 @@ impl<C: Send + Sync + 'static> Handle<C> {
         Driver::update(self.shared(), config)
     }
 
-    /// Stops the task and aborts its run at once, without waiting: for an owner that
-    /// can no longer let the run wind down (a cluster worker giving up its lease).
-    /// The run's future is dropped at its next poll; Stopped follows once the units
-    /// are closed.
-    #[cfg(feature = "etcd")]
-    pub(crate) fn stop_aborting(&self) {
-        if let Ok(settle) = Driver::command(self.shared(), Command::Stop) {
-            self.shared().abort(settle.generation());
-        }
+    /// Issues a stop and aborts the run at once, without a grace period, and returns
+    /// the wait as a future: for an owner that can no longer let the run wind down
+    /// (a cluster worker whose lease is ending, a process on its way out). The run's
+    /// future is dropped at its next poll, wherever it was, so its outcome is
+    /// [`Outcome::Aborted`](crate::Outcome::Aborted); the units' closes still run,
+    /// and Stopped is published only once they have returned (invariant 9). The
+    /// future settles as [`Handle::stop`] does, bounded by the task's stop grace;
+    /// dropping it undoes neither the stop nor the abort.
+    ///
+    /// # Errors
+    ///
+    /// As [`Handle::stop_now`]: none at once today; the returned future's error is
+    /// the timeout.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use taskstage::{Outcome, RunContext, RunError, RunExit, Stage, Task, Unit};
+    /// struct Deaf; // never looks at its cancellation token
+    /// impl Unit for Deaf {
+    ///     async fn run(&mut self, _ctx: RunContext) -> Result<RunExit, RunError> {
+    ///         std::future::pending().await
+    ///     }
+    /// }
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), taskstage::Error> {
+    /// let handle = Task::builder("copy").unit(Deaf).spawn().unwrap();
+    /// handle.wait_for_stage(|s| s == Stage::Running).await;
+    /// assert_eq!(handle.abort_now()?.await?, Stage::Stopped);
+    /// assert!(matches!(handle.snapshot().outcome, Some(Outcome::Aborted)));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn abort_now(&self) -> Result<Settling, Error> {
+        let settle = Driver::command(self.shared(), Command::Stop)?;
+        self.shared().abort(settle.generation());
+        let shared = Arc::clone(self.shared());
+        let grace = self.owner.stop_grace;
+        Ok(Settling::new(async move {
+            stop_settled(&shared, settle, grace).await
+        }))
     }
 
     async fn command_and_wait(&self, command: Command, timeout: Duration) -> Result<Stage, Error> {
@@ -716,12 +748,38 @@ impl<C: Send + Sync + 'static> TaskObserver<C> {
         Events::new(Arc::clone(&self.shared), self.event_capacity)
     }
 
-    /// What a cached copy of the task's [`TaskSnapshot`] is keyed on: the core's
-    /// change counter ([`TaskSnapshot::seq`]) and the current unit's progress, which
-    /// moves without a change. A snapshot taken when both read the same is still the
-    /// task's state; reading them costs a lock each and copies nothing.
-    #[cfg(feature = "http")]
-    pub(crate) fn cache_key(&self) -> (u64, Progress) {
+    /// The task's change counter and its current unit's progress, read together
+    /// without copying a snapshot: what a cache of [`TaskSnapshot`]s is keyed on.
+    /// The counter is [`TaskSnapshot::seq`], which every stage, generation, outcome
+    /// or unit change moves; progress moves without a change, so it is read too. A
+    /// snapshot taken when both read as now is still the task's state. Costs two
+    /// short locks.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use taskstage::{RunContext, RunError, RunExit, Stage, Task, Unit};
+    /// # struct Wait;
+    /// # impl Unit for Wait {
+    /// #     async fn run(&mut self, ctx: RunContext) -> Result<RunExit, RunError> {
+    /// #         ctx.cancelled().await;
+    /// #         Ok(RunExit::Cancelled)
+    /// #     }
+    /// # }
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), taskstage::Error> {
+    /// let handle = Task::builder("copy").unit(Wait).spawn().unwrap();
+    /// let observer = handle.observer();
+    /// handle.wait_for_stage(|s| s == Stage::Running).await;
+    /// let cached = handle.snapshot();
+    /// let (seq, _progress) = observer.version();
+    /// assert_eq!(seq, cached.seq); // nothing changed: the cached copy stands
+    /// handle.pause().await?;
+    /// assert!(observer.version().0 > cached.seq); // it changed: read it again
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn version(&self) -> (u64, Progress) {
         let (seq, unit) = self.shared.core().seq_and_unit();
         let progress = unit
             .map(|i| self.shared.runtime().progress.get(i))

@@ -871,7 +871,8 @@ impl Drop for Worker {
         // policy at the last instant the lease allows.
         self.shutdown.cancel();
         for handle in self.inner.handles() {
-            handle.stop_aborting();
+            // A stop is accepted in every stage; the wait is not needed.
+            drop(handle.abort_now());
         }
         if let Some(task) = self.reconcile.take() {
             task.abort();
