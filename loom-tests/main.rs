@@ -1,11 +1,11 @@
 //! loom models of the lifecycle core.
 //!
-//! A package of its own (`loom-tests/Cargo.toml`), built only with
+//! A package of the workspace (`loom-tests/Cargo.toml`), built only with
 //! `--cfg taskstage_loom` (without it this test target is an empty crate):
 //!
 //! ```text
 //! RUSTFLAGS="--cfg taskstage_loom" CARGO_TARGET_DIR=target/loom \
-//!   cargo test --release --manifest-path loom-tests/Cargo.toml --test loom -- --test-threads=1 --nocapture
+//!   cargo test --release -p taskstage-loom-tests --test loom -- --test-threads=1 --nocapture
 //! ```
 //!
 //! `harness` holds the scripted driver and the invariant checks; `models` the models

@@ -48,13 +48,13 @@ fi
 restore() {
   # Whatever a mutant touched: the crate's code, never the mutants themselves.
   local touched
-  touched=$(git diff --name-only -- src tests examples loom-tests benches ':!tests/mutants')
+  touched=$(git diff --name-only -- src tests examples loom-tests benches crates ':!tests/mutants')
   if [[ -n "$touched" ]]; then
     # shellcheck disable=SC2086
     git checkout -q -- $touched
   fi
   # A failing property test saves its seed; the committed seed files stay as they are.
-  git checkout -q -- proptest-regressions
+  git checkout -q -- proptest-regressions crates/cluster/proptest-regressions
 }
 trap restore EXIT
 trap 'restore; exit 130' INT TERM
@@ -64,9 +64,9 @@ patch_of() { printf '%s/%03d.patch' "$DIR" "$1"; }
 # header FILE FIELD: the value of one header line.
 header() { sed -n "s/^# $2: //p" "$1" | head -n1; }
 
-# The command a suite name stands for: `[FEATURES] --lib [FILTER]`,
-# `[FEATURES] --test NAME [FILTER]` (FEATURES: `--all-features` or `--features LIST`,
-# for the layers behind a feature), or `loom FILTER` (the loom models, built with their
+# The command a suite name stands for: `[-p PACKAGE] [FEATURES] --lib [FILTER]`,
+# `[-p PACKAGE] [FEATURES] --test NAME [FILTER]` (PACKAGE: a crate of the workspace,
+# the core when none is named; FEATURES: `--all-features` or `--features LIST`), or `loom FILTER` (the loom models, built with their
 # cfg in release mode).
 suite_label() {
   case $1 in
@@ -81,7 +81,7 @@ suite_cmd() { # MODE SUITE
   case $suite in
     loom\ *)
       CMD=(env RUSTFLAGS="--cfg taskstage_loom" CARGO_TARGET_DIR="$LOOM_TARGET_DIR"
-        cargo test --release --manifest-path loom-tests/Cargo.toml --test loom)
+        cargo test --release -p taskstage-loom-tests --test loom)
       if [[ $mode == build ]]; then
         CMD+=(--no-run)
       else
@@ -93,9 +93,10 @@ suite_cmd() { # MODE SUITE
       if [[ $mode == build ]]; then
         # The features and the target are build arguments; a test-name filter is not.
         local n=0
-        case ${args[0]} in
-          --all-features) n=1 ;;
-          --features) n=2 ;;
+        if [[ ${args[0]} == -p ]]; then n=2; fi
+        case ${args[n]} in
+          --all-features) n=$((n + 1)) ;;
+          --features) n=$((n + 2)) ;;
         esac
         case ${args[n]} in
           --lib) n=$((n + 1)) ;;

@@ -88,31 +88,30 @@
 //!   [`metrics`](https://docs.rs/metrics) facade, to whatever recorder the application
 //!   installs. The names and labels are listed in
 //!   [docs/events.md](https://github.com/taskstage/taskstage/blob/main/docs/events.md).
-//! - **`etcd`** (off by default): the `cluster` module, one run of a task anywhere in
-//!   a cluster of workers coordinated through etcd, with leases and fencing (its
-//!   `Controller` and `Worker`; design and safety argument in
-//!   [docs/cluster.md](https://github.com/taskstage/taskstage/blob/main/docs/cluster.md)). It
-//!   pulls in the `etcd-client` crate, whose build needs `protoc` (Debian:
-//!   `protobuf-compiler` and `libprotobuf-dev`); its integration tests need an `etcd`
-//!   binary. The default build needs neither.
 //! - **`testing`** (off by default): the `testing` module, a kit to property-test
 //!   your own units under generated pause, resume, stop and restart schedules: it
 //!   counts live runs itself, checks every pause and stop, and shrinks a failing
 //!   schedule to a minimal one with its stage timeline
 //!   ([docs/testing.md](https://github.com/taskstage/taskstage/blob/main/docs/testing.md)). It pulls
 //!   in `proptest` and tokio's `test-util` (the paused clock).
-//! - **`cli`** (off by default): the `taskstage` command, which operates a cluster
-//!   from the shell through the public `Controller`
-//!   ([docs/cli.md](https://github.com/taskstage/taskstage/blob/main/docs/cli.md)); it turns on
-//!   `etcd` and pulls in `clap`, `clap_complete` and `serde_json`. The library
-//!   itself is the same with or without it: `cargo install taskstage --features cli`.
 //!
-//! - **`http`** (off by default): the `http` module, an axum `Router` with a JSON API
-//!   and a status page, for one process's tasks or (with `etcd`) a cluster, whose
-//!   pause answers 200 only once the run has returned
-//!   ([docs/http.md](https://github.com/taskstage/taskstage/blob/main/docs/http.md)). It
-//!   pulls in `axum` (no default features) and `serde_json`; `cli` turns it on for
-//!   `taskstage serve`.
+//! # The layers above, crates of their own
+//!
+//! The core has no network, store or server dependency. What is built on its public
+//! API lives in crates of its own, in the same repository:
+//!
+//! - **`taskstage-cluster`**: one run of a task anywhere in a cluster of workers
+//!   coordinated through a store, with leases and fencing (its `Controller` and
+//!   `Worker`; an in-memory store, and etcd with its feature `etcd`; design and safety
+//!   argument in
+//!   [docs/cluster.md](https://github.com/taskstage/taskstage/blob/main/docs/cluster.md)).
+//! - **`taskstage-http`**: an axum `Router` with a JSON API and a status page, for one
+//!   process's tasks or (feature `cluster`) a cluster, whose pause answers 200 only
+//!   once the run has returned
+//!   ([docs/http.md](https://github.com/taskstage/taskstage/blob/main/docs/http.md)).
+//! - **`taskstage-cli`**: the `taskstage` command, which operates a cluster from the
+//!   shell ([docs/cli.md](https://github.com/taskstage/taskstage/blob/main/docs/cli.md)):
+//!   `cargo install taskstage-cli`.
 //!
 //! One cfg matters too: `--cfg taskstage_loom` builds the
 //! lifecycle core and its driver against `loom`'s sync types for the model tests in
@@ -122,16 +121,8 @@
 #![forbid(unsafe_code)]
 #![doc(test(attr(deny(warnings))))]
 
-#[cfg(all(feature = "etcd", not(taskstage_loom)))]
-#[allow(
-    clippy::incompatible_msrv,
-    reason = "the etcd feature needs Rust 1.88 (tonic 0.14); rust-version is the default features' minimum"
-)]
-pub mod cluster;
 #[doc(hidden)]
 pub mod error;
-#[cfg(all(feature = "http", not(taskstage_loom)))]
-pub mod http;
 // The layers below the runtime: reachable (the loom models in `loom-tests/` drive
 // them), but not part of the documented surface.
 #[doc(hidden)]
@@ -173,11 +164,6 @@ struct ReadmeDoctests;
 #[cfg(all(doctest, feature = "testing"))]
 #[doc = include_str!("../docs/testing.md")]
 struct TestingDoctests;
-
-/// The code blocks of `docs/http.md`, compiled and run as doc tests.
-#[cfg(all(doctest, feature = "http"))]
-#[doc = include_str!("../docs/http.md")]
-struct HttpDoctests;
 
 /// The code blocks of `docs/events.md`, compiled and run as doc tests.
 #[cfg(doctest)]

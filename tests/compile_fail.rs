@@ -6,15 +6,13 @@
 //! `TRYBUILD=overwrite cargo test --test compile_fail`, then read them: each must fail
 //! for the reason its case names.
 //!
-//! The saved errors are those of the default features: with `etcd` on, the compiler
-//! also names a similarly named trait of `tonic`, so the file is compiled out there
-//! and `scripts/test-all.sh` runs it with the default features.
+//! The core links no network crate (the cluster's etcd backend, whose `tonic` has a
+//! trait of a similar name that the compiler would suggest, lives in a crate of its
+//! own), so the saved errors are the same with every feature of this crate.
 #![allow(
     clippy::incompatible_msrv,
     reason = "built on the toolchain CI uses; rust-version is the library's minimum"
 )]
-// The compiler's error text depends on which crates are linked (see above).
-#![cfg(not(feature = "etcd"))]
 
 #[test]
 fn invalid_typestate_commands_do_not_compile() {

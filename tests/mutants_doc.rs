@@ -93,6 +93,22 @@ fn test_target(suite: &str) -> Option<&str> {
     words.find(|w| *w == "--test").and_then(|_| words.next())
 }
 
+/// The directory of the package a suite names (`-p NAME`; the core when it names
+/// none), relative to the workspace root, or `None` for a package the workspace does
+/// not have.
+fn package_dir(suite: &str) -> Option<&'static str> {
+    let mut words = suite.split_whitespace();
+    match words.find(|w| *w == "-p").and_then(|_| words.next()) {
+        None | Some("taskstage") => Some(""),
+        Some("taskstage-cluster") => Some("crates/cluster/"),
+        Some("taskstage-http") => Some("crates/http/"),
+        Some("taskstage-cli") => Some("crates/cli/"),
+        Some("taskstage-harness") => Some("crates/harness/"),
+        Some("taskstage-examples") => Some("examples/"),
+        Some(_) => None,
+    }
+}
+
 #[test]
 fn every_mutant_is_in_form_and_names_a_suite_that_exists() {
     let all = mutants();
@@ -116,7 +132,7 @@ fn every_mutant_is_in_form_and_names_a_suite_that_exists() {
             );
         }
         let known = m.suite.starts_with("loom ")
-            || ["--lib", "--test", "--all-features", "--features"]
+            || ["--lib", "--test", "--all-features", "--features", "-p "]
                 .iter()
                 .any(|start| m.suite.starts_with(start));
         assert!(
@@ -125,10 +141,18 @@ fn every_mutant_is_in_form_and_names_a_suite_that_exists() {
             m.path.display(),
             m.suite
         );
+        let Some(package) = package_dir(&m.suite) else {
+            panic!(
+                "{}: a package the workspace does not have: {}",
+                m.path.display(),
+                m.suite
+            );
+        };
         if let Some(target) = test_target(&m.suite) {
+            let file = format!("{package}tests/{target}.rs");
             assert!(
-                root().join("tests").join(format!("{target}.rs")).is_file(),
-                "{}: its suite names --test {target}, and tests/{target}.rs does not exist",
+                root().join(&file).is_file(),
+                "{}: its suite names --test {target}, and {file} does not exist",
                 m.path.display()
             );
         }

@@ -1,7 +1,7 @@
 //! Property tests of the lifecycle core: random sequences of up to 50 inputs (pause,
 //! resume, stop, update, and the exits of runs and pre-start checks, stale ones
 //! included) run against `taskstage::lifecycle::Lifecycle` and, step by step, against
-//! an independent reference model of the specification (`tests/common/model.rs`).
+//! an independent reference model of the specification (`tests/support/prop/model.rs`).
 //!
 //! After every step the test checks that the stage, generation, unit, outcome,
 //! user-paused mark, configuration and change counter equal the model's; that a
@@ -18,7 +18,9 @@
     reason = "built on the toolchain CI uses; rust-version is the library's minimum"
 )]
 
-mod common;
+mod support;
+
+use support::prop as common;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -1,7 +1,7 @@
 //! Property tests of the tokio runtime handle: random sequences of up to 50 inputs run
 //! against a real task (`Task::builder(..).unit(..).spawn()` / `spawn_paused()`) whose
 //! units are scripted, and, step by step, against the independent reference model of
-//! the specification (`tests/common/model.rs`).
+//! the specification (`tests/support/prop/model.rs`).
 //!
 //! Each unit does what the sequence says, when it says: a pre-start check passes,
 //! fails or panics on order and otherwise hangs; a run finishes, fails, panics or
@@ -27,7 +27,9 @@
     reason = "built on the toolchain CI uses; rust-version is the library's minimum"
 )]
 
-mod common;
+mod support;
+
+use support::prop as common;
 
 use std::future::{poll_fn, Future};
 use std::panic::PanicHookInfo;

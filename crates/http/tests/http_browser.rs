@@ -1,0 +1,453 @@
+//! The status page in a real browser: headless Chromium driven over WebDriver.
+//!
+//! Needs `chromium` and `chromedriver` (Debian: `chromium`, `chromium-driver`;
+//! `scripts/browser-setup.sh` installs them). Without them the test prints why and
+//! passes, except under `CI=true`, where it fails.
+
+use taskstage_harness::http as http_common;
+
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use fantoccini::{ClientBuilder, Locator};
+use http_common::{Live, Probe};
+use taskstage::{Stage, Task, TaskGroup};
+use taskstage_http::{Api, Auth, LocalTasks};
+
+const WITHIN: Duration = Duration::from_secs(20);
+
+fn find(names: &[&str]) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .flat_map(|dir| names.iter().map(move |n| dir.join(n)))
+        .find(|p| p.is_file())
+}
+
+/// The chromedriver process (its own process group, with the browsers it starts),
+/// killed by its group id when dropped: on success and on failure alike.
+struct Driver {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let pid = rustix::process::Pid::from_child(&self.child);
+        let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port on 127.0.0.1")
+}
+
+async fn start_driver(chromedriver: &PathBuf) -> Driver {
+    let port = free_port();
+    let child = Command::new(chromedriver)
+        .arg(format!("--port={port}"))
+        .arg("--allowed-ips=127.0.0.1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .expect("chromedriver starts");
+    let driver = Driver { child, port };
+    // Ready once it accepts a connection: wait on that, with a deadline.
+    let deadline = tokio::time::Instant::now() + WITHIN;
+    loop {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+        {
+            return driver;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "chromedriver did not listen on {port} within {WITHIN:?}"
+        );
+        tokio::task::yield_now().await;
+    }
+}
+
+/// Chromium and chromedriver, or `None` (and a line saying so) when either is
+/// missing; under `CI=true` a missing one fails the test.
+fn browser_tools() -> Option<(PathBuf, PathBuf)> {
+    let (Some(chromium), Some(chromedriver)) = (
+        find(&["chromium", "chromium-browser", "google-chrome"]),
+        find(&["chromedriver"]),
+    ) else {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "chromium or chromedriver is missing (run scripts/browser-setup.sh); under CI=true this fails"
+        );
+        println!("skipped: chromium or chromedriver is missing (run scripts/browser-setup.sh)");
+        return None;
+    };
+    Some((chromium, chromedriver))
+}
+
+/// A headless browser session, with `extra` arguments for Chromium.
+async fn session(
+    chromium: &PathBuf,
+    chromedriver: &PathBuf,
+    extra: &[&str],
+) -> (Driver, fantoccini::Client) {
+    let driver = start_driver(chromedriver).await;
+    let mut args = vec![
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--window-size=1100,420",
+    ];
+    args.extend_from_slice(extra);
+    let mut caps = serde_json::Map::new();
+    caps.insert(
+        "goog:chromeOptions".into(),
+        serde_json::json!({ "binary": chromium, "args": args }),
+    );
+    let client = ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+        .capabilities(caps)
+        .connect(&format!("http://127.0.0.1:{}", driver.port))
+        .await
+        .expect("a browser session");
+    (driver, client)
+}
+
+/// Waits until the page's title starts with `done`, and returns it.
+async fn title_when_done(client: &fantoccini::Client) -> String {
+    let deadline = tokio::time::Instant::now() + WITHIN;
+    // Bounded by the deadline.
+    loop {
+        let title = client.title().await.unwrap_or_default();
+        if title.starts_with("done") {
+            return title;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the page never finished; its title: {title:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The page of another origin, served beside an open API at `api`: it pauses,
+/// stops and creates through `fetch` (no-cors, no preflight) and through a form
+/// posted into a frame, tries to read the list, then writes what it saw into its
+/// title.
+fn attacker_page(api: &str) -> String {
+    format!(
+        r#"<!doctype html><html><body>
+<iframe name="sink"></iframe>
+<form id="f" method="POST" target="sink" action="http://{api}/v1/tasks">
+<input name="id" value="formed"></form>
+<script>
+const api = "http://{api}";
+const seen = [];
+const blind = (path, init) => fetch(api + path, Object.assign({{method: "POST", mode: "no-cors"}}, init))
+  .then(() => seen.push("sent " + path), e => seen.push("failed " + path));
+const framed = new Promise(done => {{ document.querySelector("iframe").onload = done; }});
+Promise.all([
+  blind("/v1/tasks/victim/pause?wait=0"),
+  blind("/v1/tasks/victim/stop?wait=0"),
+  blind("/v1/tasks", {{headers: {{"Content-Type": "text/plain"}}, body: JSON.stringify({{id: "fetched"}})}}),
+  fetch(api + "/v1/tasks").then(r => r.text()).then(t => seen.push("READ " + t), e => seen.push("unreadable")),
+  framed,
+  Promise.resolve().then(() => document.getElementById("f").submit()),
+]).then(() => {{ document.title = "done " + seen.join(" | "); }});
+</script></body></html>"#
+    )
+}
+
+/// Under `Auth::open()` (no token), what a browser on the operator's machine can
+/// be made to do by a page: a page of another origin sends commands (fetches and a
+/// form, which a browser sends across origins without asking) and reads, and a page
+/// whose own name was rebound to 127.0.0.1 (Chromium's resolver rules) reads and
+/// commands as its own origin. Nothing changes and nothing is read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_of_another_origin_changes_and_reads_nothing_on_an_open_server() {
+    let Some((chromium, chromedriver)) = browser_tools() else {
+        return;
+    };
+    let live = Live::default();
+    let victim = Task::builder("victim")
+        .unit(Probe {
+            live: live.clone(),
+            hold: None,
+        })
+        .spawn()
+        .expect("spawned");
+    victim.wait_for_stage(|s| s == Stage::Running).await;
+    let seq = victim.snapshot().seq;
+    let tasks = LocalTasks::new();
+    tasks.add(&victim).expect("a name of its own");
+    let router = Api::local(&tasks).auth(Auth::open()).router();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a listener");
+    let api = listener.local_addr().expect("its address");
+    let server = tokio::spawn(async move { axum::serve(listener, router).await });
+    let page = attacker_page(&api.to_string());
+    let evil = axum::Router::new().route(
+        "/",
+        axum::routing::get(move || async move { axum::response::Html(page) }),
+    );
+    let evil_listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a listener");
+    let evil_addr = evil_listener.local_addr().expect("its address");
+    let evil_server = tokio::spawn(async move { axum::serve(evil_listener, evil).await });
+
+    let rule = "--host-resolver-rules=MAP rebound.test 127.0.0.1";
+    let (driver, client) = session(&chromium, &chromedriver, &[rule]).await;
+
+    // Another origin (another port of 127.0.0.1).
+    client
+        .goto(&format!("http://{evil_addr}/"))
+        .await
+        .expect("the page loads");
+    let title = title_when_done(&client).await;
+    assert!(
+        !title.contains("READ"),
+        "a page of another origin read the API: {title}"
+    );
+
+    // A rebound name: the browser takes the API for the page's own origin.
+    client
+        .goto(&format!("http://rebound.test:{}/ui", api.port()))
+        .await
+        .expect("the page loads");
+    let seen = client
+        .execute(
+            r#"const out = [];
+            return Promise.all([
+              fetch("/v1/tasks").then(r => r.text().then(t => out.push(r.status + " " + t))),
+              fetch("/v1/tasks/victim/pause?wait=0", {method: "POST"}).then(r => out.push("pause " + r.status)),
+            ]).then(() => out.join(" | "), e => String(e));"#,
+            vec![],
+        )
+        .await
+        .expect("the script runs");
+    let seen = seen.as_str().unwrap_or_default().to_owned();
+    assert!(
+        seen.contains("403") && !seen.contains("victim\"") && seen.contains("pause 403"),
+        "under a rebound name: {seen}"
+    );
+
+    assert_eq!(
+        victim.snapshot().seq,
+        seq,
+        "a page changed the task ({title}; {seen})"
+    );
+    assert_eq!(victim.stage(), Stage::Running);
+    assert_eq!(live.now(), 1);
+    assert_eq!(tasks.len(), 1, "a page created a task");
+    client.close().await.expect("the session closes");
+    drop(driver);
+    server.abort();
+    evil_server.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_lists_commands_and_follows_the_tasks_live() {
+    let Some((chromium, chromedriver)) = browser_tools() else {
+        return;
+    };
+
+    // Three tasks; beta ignores its cancellation until released, so that its
+    // Pausing can be seen.
+    let hold = Arc::new(tokio::sync::Semaphore::new(0));
+    let mut group = TaskGroup::new();
+    let mut lives = Vec::new();
+    for name in ["alpha", "beta", "gamma"] {
+        let live = Live::default();
+        let probe = Probe {
+            live: live.clone(),
+            hold: (name == "beta").then(|| Arc::clone(&hold)),
+        };
+        let handle = Task::builder(name).unit(probe).spawn().expect("spawned");
+        handle.wait_for_stage(|s| s == Stage::Running).await;
+        group.add(handle);
+        lives.push(live);
+    }
+    let tasks = LocalTasks::from_group(&group).expect("one task per name");
+    let router = Api::local(&tasks)
+        .auth(
+            Auth::tokens()
+                .admin("admin-secret")
+                .read_only("read-secret"),
+        )
+        .router();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a listener");
+    let addr = listener.local_addr().expect("its address");
+    let server = tokio::spawn(async move { axum::serve(listener, router).await });
+
+    let (driver, client) = session(&chromium, &chromedriver, &[]).await;
+    let wait_for = |css: String| {
+        let client = client.clone();
+        async move {
+            let found = client
+                .wait()
+                .at_most(WITHIN)
+                .every(Duration::from_millis(20))
+                .for_element(Locator::Css(&css))
+                .await;
+            match found {
+                Ok(element) => element,
+                Err(e) => {
+                    let probe = client
+                        .execute(
+                            "return fetch('v1/auth', {headers: {Authorization: 'Bearer ' + sessionStorage.getItem('taskstage-token')}}).then(r => r.status + ' ' + location.href).catch(e => String(e))",
+                            vec![],
+                        )
+                        .await;
+                    let source = client.source().await.unwrap_or_default();
+                    panic!("{css} never appeared ({e}); a fetch from the page: {probe:?}; the page:\n{source}")
+                }
+            }
+        }
+    };
+
+    // The page lists the tasks.
+    client
+        .goto(&format!("http://{addr}/ui#token=admin-secret"))
+        .await
+        .expect("the page loads");
+    for name in ["alpha", "beta", "gamma"] {
+        wait_for(format!("tr[data-id='{name}'] span.Running")).await;
+    }
+    wait_for("#live:not(.off)".into()).await;
+
+    // A click on Pause shows Pausing while the run is alive, then Paused once it
+    // returned, and the unit confirms it.
+    let pause = wait_for("tr[data-id='beta'] button[data-cmd='pause']".into()).await;
+    pause.click().await.expect("a click");
+    wait_for("tr[data-id='beta'] span.Pausing".into()).await;
+    assert_eq!(
+        lives[1].now(),
+        1,
+        "beta's run is alive while the page shows Pausing"
+    );
+    let shot = client.screenshot().await.expect("a screenshot");
+    if std::env::var_os("SAVE_SCREENSHOT").is_some() {
+        let path =
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../docs/http-status-page.png");
+        std::fs::write(&path, &shot).expect("the screenshot saved");
+    }
+    hold.add_permits(1);
+    wait_for("tr[data-id='beta'] span.Paused".into()).await;
+    assert_eq!(
+        lives[1].now(),
+        0,
+        "the page shows Paused: the run has returned"
+    );
+
+    // A change made elsewhere appears without a reload.
+    let gamma = group
+        .tasks()
+        .iter()
+        .find(|h| h.name() == "gamma")
+        .expect("gamma");
+    assert_eq!(gamma.pause().await.ok(), Some(Stage::Paused));
+    wait_for("tr[data-id='gamma'] span.Paused".into()).await;
+
+    // A read-only token sees no button that works.
+    client.goto("about:blank").await.expect("a blank page");
+    client
+        .goto(&format!("http://{addr}/ui#token=read-secret"))
+        .await
+        .expect("the page loads");
+    if client
+        .wait()
+        .at_most(WITHIN)
+        .for_element(Locator::Css("tr[data-id='alpha'] span.Running"))
+        .await
+        .is_err()
+    {
+        let source = client.source().await.unwrap_or_default();
+        panic!("the read-only page never listed alpha Running:\n{source}");
+    }
+    let buttons = client
+        .find_all(Locator::Css("td.cmds button"))
+        .await
+        .expect("the buttons");
+    assert_eq!(buttons.len(), 9, "three buttons a task");
+    for button in &buttons {
+        assert!(
+            !button.is_enabled().await.expect("enabled?"),
+            "a read-only token has a working button"
+        );
+    }
+    let scope = client
+        .find(Locator::Css("#scope"))
+        .await
+        .expect("the scope")
+        .text()
+        .await
+        .expect("its text");
+    assert_eq!(scope, "scope: read");
+    assert_eq!(group.tasks()[0].stage(), Stage::Running, "alpha untouched");
+
+    client.close().await.expect("the session closes");
+    drop(driver);
+    server.abort();
+}
+
+/// A name that holds a right-to-left override (or any character that changes how
+/// the text around it is shown, or is not shown) is written out on the page, not
+/// obeyed: `ev\u{202E}lave` would otherwise show as another name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_with_direction_controls_shows_them_instead_of_obeying_them() {
+    let Some((chromium, chromedriver)) = browser_tools() else {
+        return;
+    };
+    let name = "ev\u{202E}lave\u{200B}";
+    let spoof = Task::builder(name)
+        .unit(Probe {
+            live: Live::default(),
+            hold: None,
+        })
+        .spawn_paused()
+        .expect("spawned");
+    let tasks = LocalTasks::new();
+    tasks.add(&spoof).expect("a name of its own");
+    let router = Api::local(&tasks)
+        .auth(Auth::tokens().admin("admin-secret"))
+        .router();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a listener");
+    let addr = listener.local_addr().expect("its address");
+    let server = tokio::spawn(async move { axum::serve(listener, router).await });
+    let (driver, client) = session(&chromium, &chromedriver, &[]).await;
+    client
+        .goto(&format!("http://{addr}/ui#token=admin-secret"))
+        .await
+        .expect("the page loads");
+    let cell = client
+        .wait()
+        .at_most(WITHIN)
+        .every(Duration::from_millis(20))
+        .for_element(Locator::Css("tr[data-id] td"))
+        .await
+        .expect("the task's row");
+    let shown = cell.text().await.expect("its text");
+    assert_eq!(
+        shown, "ev\\u{202E}lave\\u{200B}",
+        "the name is not written out as it is: {shown:?}"
+    );
+    client.close().await.expect("the session closes");
+    drop(driver);
+    server.abort();
+    drop(spoof);
+}

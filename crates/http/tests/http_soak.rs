@@ -1,0 +1,276 @@
+//! A soak of the HTTP API (feature `http`): 200 concurrent clients for 60 s against
+//! 10,000 tasks, through the router in process.
+//!
+//! - 150 clients list (`GET /v1/tasks`: pages, stage filters, now and then the whole
+//!   list of 10,000), each checking every answer (200, the totals, each item's id);
+//! - 20 clients follow `GET /v1/events`, checking that the event numbers go up by one
+//!   (a gap marker, if a reader lagged, must account for every number it skips);
+//! - 30 clients command their own 10 tasks each (pause and resume, `?wait=10s`), and
+//!   check every answer from the unit: a 200 Paused means the task's run is gone at
+//!   that moment (its live count is 0), a 200 Running that its run comes alive.
+//!
+//! No answer may be an error, and memory must stay flat: the resident set at the end
+//! is at most 25% (and at most 64 MiB) above the most it was in the first half
+//! (sampled every 5 s and at half time).
+//!
+//! The duration is 60 s unless `TASKSTAGE_SOAK_SECS` asks for another; under
+//! `CI=true` it is never below 60 s. Every client paces its requests (the point is a
+//! long, steady load, not the most requests a second), so that the soak can run
+//! beside other suites on a 2-core machine.
+#![allow(
+    clippy::incompatible_msrv,
+    reason = "built on the toolchain CI uses; rust-version is the library's minimum"
+)]
+
+use taskstage_harness::http as http_common;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use axum::Router;
+use http_common::{call, running_probes, Live, SseReader};
+use taskstage_http::{Api, Auth, LocalTasks};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+const ADMIN: &str = "admin-token";
+const READ: &str = "read-token";
+const TASKS: usize = 10_000;
+const LISTERS: usize = 150;
+const STREAMS: usize = 20;
+const COMMANDERS: usize = 30;
+const TASKS_PER_COMMANDER: usize = 10;
+
+/// The soak's duration: 60 s, or `TASKSTAGE_SOAK_SECS` (never below 60 under `CI=true`).
+fn duration() -> Duration {
+    const DEFAULT: u64 = 60;
+    let ci = std::env::var("CI").is_ok_and(|v| v == "true");
+    let asked = std::env::var("TASKSTAGE_SOAK_SECS")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok());
+    let secs = match asked {
+        Some(secs) if ci && secs < DEFAULT => {
+            eprintln!("soak: TASKSTAGE_SOAK_SECS={secs} is below {DEFAULT} under CI; {DEFAULT} s");
+            DEFAULT
+        }
+        Some(secs) if secs > 0 => secs,
+        _ => DEFAULT,
+    };
+    Duration::from_secs(secs)
+}
+
+/// The resident set of this process, in KiB, from `/proc/self/status`.
+fn rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("a VmRSS line")
+}
+
+/// Counts of what the clients did, for the report.
+#[derive(Default)]
+struct Counts {
+    lists: AtomicU64,
+    events: AtomicU64,
+    gaps: AtomicU64,
+    pauses: AtomicU64,
+    resumes: AtomicU64,
+}
+
+async fn lister(router: Router, n: usize, until: Instant, counts: Arc<Counts>) {
+    let mut rng = fastrand::Rng::with_seed(n as u64);
+    // Bounded by `until`.
+    while Instant::now() < until {
+        let (uri, whole) = match rng.u8(..50) {
+            0 => (format!("/v1/tasks?limit={TASKS}"), true),
+            1..=5 => ("/v1/tasks?stage=Paused&limit=100".to_owned(), false),
+            _ => {
+                let offset = rng.usize(..TASKS);
+                (format!("/v1/tasks?offset={offset}&limit=100"), false)
+            }
+        };
+        // The answer is checked, then dropped before the pause: a client holds no
+        // list between its requests.
+        let (status, list) = call(&router, "GET", &uri, Some(READ), None).await;
+        assert_eq!(status, StatusCode::OK, "{uri}: {list}");
+        let items = list["items"].as_array().expect("items");
+        if uri.contains("stage=Paused") {
+            assert!(
+                items.iter().all(|i| i["stage"] == "Paused"),
+                "{uri}: a task not Paused"
+            );
+        } else {
+            assert_eq!(list["total"], TASKS, "{uri}");
+            let offset = list["offset"].as_u64().expect("an offset") as usize;
+            let expected = if whole {
+                TASKS
+            } else {
+                (TASKS - offset).min(100)
+            };
+            assert_eq!(items.len(), expected, "{uri}");
+            if let Some(first) = items.first() {
+                assert_eq!(first["id"], format!("t{offset:05}"), "{uri}: the order");
+            }
+        }
+        drop(list);
+        counts.lists.fetch_add(1, Ordering::Relaxed);
+        // Pacing: a steady load, not a flood.
+        tokio::time::sleep(Duration::from_millis(2000 + rng.u64(..2000))).await;
+    }
+}
+
+async fn follower(router: Router, until: Instant, counts: Arc<Counts>) {
+    let mut stream = SseReader::open(&router, "/v1/events", READ, None).await;
+    let mut last: Option<u64> = None;
+    // Bounded by `until`: each read waits at most until it.
+    while Instant::now() < until {
+        let left = until.saturating_duration_since(Instant::now());
+        let Some(event) = stream.next(left).await else {
+            break;
+        };
+        match (event.event.as_str(), event.id) {
+            ("gap", None) => {
+                // A lagged reader is told where it resumes: nothing is skipped silently.
+                let next = event.data["next_seq"].as_u64().expect("a gap's next_seq");
+                let missed = event.data["missed"].as_u64().expect("a gap's count");
+                if let Some(last) = last {
+                    assert_eq!(last + 1 + missed, next, "a gap that miscounts");
+                }
+                last = next.checked_sub(1);
+                counts.gaps.fetch_add(1, Ordering::Relaxed);
+            }
+            // A numbered record: a change, or a task's own journal that lagged.
+            (kind, Some(id)) => {
+                if let Some(last) = last {
+                    assert_eq!(id, last + 1, "an event number skipped without a gap");
+                }
+                if kind == "change" {
+                    assert!(event.data["item"]["stage"].is_string(), "{:?}", event.data);
+                } else {
+                    assert_eq!(kind, "gap", "{:?}", event.data);
+                }
+                last = Some(id);
+                counts.events.fetch_add(1, Ordering::Relaxed);
+            }
+            (other, None) => panic!("an unnumbered {other:?} event: {:?}", event.data),
+        }
+    }
+}
+
+async fn commander(
+    router: Router,
+    seed: u64,
+    tasks: Vec<(String, Live)>,
+    until: Instant,
+    counts: Arc<Counts>,
+) {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    // Bounded by `until`.
+    while Instant::now() < until {
+        let (name, live) = &tasks[rng.usize(..tasks.len())];
+        let uri = format!("/v1/tasks/{name}/pause?wait=10s");
+        let (status, answer) = call(&router, "POST", &uri, Some(ADMIN), None).await;
+        assert_eq!(status, StatusCode::OK, "{uri}: {answer}");
+        assert_eq!(answer["stage"], "Paused", "{uri}: {answer}");
+        assert_eq!(live.now(), 0, "{uri}: a 200 Paused with the run alive");
+        counts.pauses.fetch_add(1, Ordering::Relaxed);
+        tokio::time::sleep(Duration::from_millis(400 + rng.u64(..400))).await;
+
+        let uri = format!("/v1/tasks/{name}/resume?wait=10s");
+        let (status, answer) = call(&router, "POST", &uri, Some(ADMIN), None).await;
+        assert_eq!(status, StatusCode::OK, "{uri}: {answer}");
+        assert_eq!(answer["stage"], "Running", "{uri}: {answer}");
+        // Running is published once the run is launched; its code starts a moment
+        // later, and never twice.
+        live.reaches(1).await;
+        counts.resumes.fetch_add(1, Ordering::Relaxed);
+        tokio::time::sleep(Duration::from_millis(400 + rng.u64(..400))).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_clients_for_a_minute_get_no_error_and_memory_stays_flat() {
+    let length = duration();
+    let (group, lives) = running_probes(TASKS).await;
+    let tasks = LocalTasks::from_group(&group).expect("one task per name");
+    let router = Api::local(&tasks)
+        .auth(Auth::tokens().admin(ADMIN).read_only(READ))
+        .router();
+    let counts = Arc::new(Counts::default());
+    let started = Instant::now();
+    let until = started + length;
+    let mut clients = JoinSet::new();
+    for n in 0..LISTERS {
+        clients.spawn(lister(router.clone(), n, until, Arc::clone(&counts)));
+    }
+    for _ in 0..STREAMS {
+        clients.spawn(follower(router.clone(), until, Arc::clone(&counts)));
+    }
+    for c in 0..COMMANDERS {
+        // Each commander owns its tasks: no two clients command one task.
+        let own: Vec<(String, Live)> = (0..TASKS_PER_COMMANDER)
+            .map(|k| {
+                let i = (c * TASKS_PER_COMMANDER + k) * 31 % TASKS;
+                (format!("t{i:05}"), lives[i].clone())
+            })
+            .collect();
+        clients.spawn(commander(
+            router.clone(),
+            c as u64,
+            own,
+            until,
+            Arc::clone(&counts),
+        ));
+    }
+
+    // The resident set every 5 s in the first half and at its end: the highest of
+    // them (the allocator's own ups and downs are some MiB) is compared with the
+    // one at the end.
+    let mut samples = Vec::new();
+    let mut at = started;
+    while at + Duration::from_secs(5) < started + length / 2 {
+        at += Duration::from_secs(5);
+        tokio::time::sleep_until(at).await;
+        samples.push(rss_kib() / 1024);
+    }
+    tokio::time::sleep_until(started + length / 2).await;
+    let middle = rss_kib();
+    samples.push(middle / 1024);
+    let first_half = samples.iter().max().copied().unwrap_or_default() * 1024;
+    // Bounded: every client ends at `until`, and a command waits at most 10 s more.
+    while let Some(ended) = clients.join_next().await {
+        if let Err(error) = ended {
+            clients.abort_all();
+            std::panic::resume_unwind(error.into_panic());
+        }
+    }
+    let end = rss_kib();
+    samples.push(end / 1024);
+    let took = started.elapsed();
+    let c = &counts;
+    eprintln!(
+        "soak: {took:?}, {} lists, {} events ({} gaps), {} pauses, {} resumes; RSS {} MiB at most in the first half, {} MiB at the end (MiB every 5 s, at half time, at the end: {samples:?})",
+        c.lists.load(Ordering::Relaxed),
+        c.events.load(Ordering::Relaxed),
+        c.gaps.load(Ordering::Relaxed),
+        c.pauses.load(Ordering::Relaxed),
+        c.resumes.load(Ordering::Relaxed),
+        first_half / 1024,
+        end / 1024
+    );
+    assert!(
+        end <= first_half + (first_half / 4).min(64 * 1024),
+        "memory grew from {first_half} KiB (the most in the first half) to {end} KiB"
+    );
+    assert!(
+        c.pauses.load(Ordering::Relaxed) >= COMMANDERS as u64,
+        "commands ran"
+    );
+    assert!(c.events.load(Ordering::Relaxed) > 0, "events were followed");
+    let total: usize = lives.iter().map(Live::now).sum();
+    assert_eq!(total, TASKS, "one run a task at the end");
+}
