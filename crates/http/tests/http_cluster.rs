@@ -211,8 +211,10 @@ async fn a_drain_over_http_answers_200_once_the_worker_holds_nothing() {
             .await
             .expect("running");
     }
-    // The fair shares move some tasks to worker-1 if worker-2 took them all first:
-    // wait on the store until each worker runs its share.
+    // The fair shares move tasks to worker-1 if worker-2 took them all first, one
+    // hand-over after another: wait on the store until each worker runs its share
+    // (three of six), not merely until worker-1 holds one, or the count read below
+    // races the hand-overs still under way.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     let on_first = loop {
         let list = controller.list().await.expect("the store answers");
@@ -224,7 +226,7 @@ async fn a_drain_over_http_answers_200_once_the_worker_holds_nothing() {
             .iter()
             .filter(|s| s.owner.as_ref().is_some_and(|w| w.as_str() == "worker-1"))
             .count();
-        if list.iter().all(running) && on_first > 0 {
+        if list.iter().all(running) && on_first == 3 {
             break on_first;
         }
         let now = tokio::time::Instant::now();
