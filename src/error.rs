@@ -12,6 +12,7 @@ use crate::stage::{Command, Stage};
 /// A refusal changes nothing: the stage, the generation, the outcome and the
 /// user-paused mark are exactly as they were before the command.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Refusal {
     /// The task was never started, so there is nothing to pause.
     NotStarted,
@@ -121,6 +122,7 @@ impl Error {
 
 /// Which kind of [`Error`] it is: see [`Error::kind`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum ErrorKind {
     /// The command was refused, for this reason; nothing changed.
     Refused(Refusal),

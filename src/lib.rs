@@ -121,24 +121,32 @@
 #![forbid(unsafe_code)]
 #![doc(test(attr(deny(warnings))))]
 
-#[doc(hidden)]
-pub mod error;
-// The layers below the runtime: reachable (the loom models in `loom-tests/` drive
-// them), but not part of the documented surface.
-#[doc(hidden)]
-pub mod lifecycle;
-#[doc(hidden)]
-pub mod outcome;
+mod error;
+mod stage;
+
+/// Declares the core's internal layers: private in every build a user makes, and
+/// public only under the crate's own checking cfgs, `taskstage_loom` (the loom models
+/// in `loom-tests/` drive them) and `taskstage_internals` (the core's benchmark
+/// against a state word). Neither cfg is part of the API.
+macro_rules! internal {
+    ($($module:ident),* $(,)?) => {
+        $(
+            #[cfg(any(taskstage_loom, taskstage_internals))]
+            pub mod $module;
+            #[cfg(not(any(taskstage_loom, taskstage_internals)))]
+            #[allow(unreachable_pub, reason = "public under the checking cfgs")]
+            mod $module;
+        )*
+    };
+}
+internal!(lifecycle, outcome, sync, table);
+
 #[cfg(not(taskstage_loom))]
 pub mod policy;
+#[cfg(all(test, not(taskstage_loom)))]
+mod proptests;
 #[cfg(not(taskstage_loom))]
 pub mod runtime;
-#[doc(hidden)]
-pub mod stage;
-#[doc(hidden)]
-pub mod sync;
-#[doc(hidden)]
-pub mod table;
 #[cfg(all(feature = "testing", not(taskstage_loom)))]
 pub mod testing;
 #[cfg(not(taskstage_loom))]
@@ -151,7 +159,7 @@ pub use runtime::{
     Event, Events, GroupReport, Handle, RunContext, RunExit, StopOrder, TaskBuilder, TaskGroup,
     TaskSnapshot, Unit,
 };
-pub use stage::{Command, Stage};
+pub use stage::{Cause, Command, Stage};
 #[cfg(not(taskstage_loom))]
 pub use typestate::Task;
 

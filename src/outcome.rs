@@ -5,9 +5,10 @@ use crate::error::RunError;
 /// What the last run (or pre-start check) of a task returned.
 ///
 /// Whether the *user* paused the task is a separate mark (see
-/// [`Snapshot::user_paused`](crate::lifecycle::Snapshot::user_paused)), set because the
+/// [`TaskSnapshot::user_paused`](crate::TaskSnapshot::user_paused)), set because the
 /// pause command was issued, never inferred from an error's text.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub enum Outcome {
     /// The unit completed.
     Completed,
@@ -34,6 +35,26 @@ impl Outcome {
     /// Whether the outcome is a failure.
     pub fn is_failed(&self) -> bool {
         matches!(self, Outcome::Failed(_))
+    }
+
+    /// The outcome's name, as the HTTP API and the command line print it:
+    /// `completed`, `failed`, `cancelled` or `aborted`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use taskstage::{Outcome, RunError};
+    ///
+    /// assert_eq!(Outcome::Completed.name(), "completed");
+    /// assert_eq!(Outcome::Failed(RunError::msg("disk full")).name(), "failed");
+    /// ```
+    pub fn name(&self) -> &'static str {
+        match self {
+            Outcome::Completed => "completed",
+            Outcome::Failed(_) => "failed",
+            Outcome::Cancelled => "cancelled",
+            Outcome::Aborted => "aborted",
+        }
     }
 }
 

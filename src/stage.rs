@@ -163,6 +163,88 @@ impl fmt::Display for Command {
     }
 }
 
+/// What caused a stage change: a command, or the report of a run, a pre-start check
+/// or a stop's closing of the units.
+///
+/// It names the column of the transition table (docs/stages.md) that made the
+/// change. New causes may be added, so a `match` needs a wildcard arm.
+///
+/// # Examples
+///
+/// ```
+/// use taskstage::{Cause, Command};
+///
+/// assert_eq!(Cause::Pause.command(), Some(Command::Pause));
+/// assert_eq!(Cause::RunFailed.command(), None);
+/// assert_eq!(Cause::RunOk { last_unit: true }.name(), "run ok (last unit)");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Cause {
+    /// The pause command.
+    Pause,
+    /// The resume command.
+    Resume,
+    /// The stop command.
+    Stop,
+    /// The update-config command.
+    Update,
+    /// The unit's pre-start check (`Unit::prepare`) returned Ok.
+    PrepareOk,
+    /// The pre-start check returned an error (or panicked).
+    PrepareFailed,
+    /// The pre-start check returned because it was cancelled.
+    PrepareCancelled,
+    /// The run returned Ok: its unit is complete.
+    RunOk {
+        /// Whether the unit was the pipeline's last.
+        last_unit: bool,
+    },
+    /// The run returned an error or panicked.
+    RunFailed,
+    /// The run returned because it was cancelled, or was aborted.
+    RunCancelled,
+    /// Every unit a stop closes has been closed: each `close()` has returned.
+    Closed,
+}
+
+impl Cause {
+    /// The command, if the cause is one.
+    pub const fn command(self) -> Option<Command> {
+        match self {
+            Cause::Pause => Some(Command::Pause),
+            Cause::Resume => Some(Command::Resume),
+            Cause::Stop => Some(Command::Stop),
+            Cause::Update => Some(Command::Update),
+            _ => None,
+        }
+    }
+
+    /// A short name, as the transition table and the event stream print it.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Cause::Pause => "pause",
+            Cause::Resume => "resume",
+            Cause::Stop => "stop",
+            Cause::Update => "update",
+            Cause::PrepareOk => "prep ok",
+            Cause::PrepareFailed => "prep failed",
+            Cause::PrepareCancelled => "prep cancelled",
+            Cause::RunOk { last_unit: false } => "run ok (more units)",
+            Cause::RunOk { last_unit: true } => "run ok (last unit)",
+            Cause::RunFailed => "run failed",
+            Cause::RunCancelled => "run cancelled",
+            Cause::Closed => "units closed",
+        }
+    }
+}
+
+impl fmt::Display for Cause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::Stage;

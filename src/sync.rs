@@ -5,12 +5,12 @@
 //! the core touches. Every concurrent file of the crate imports its sync types from
 //! here and never from `std` directly.
 //!
-//! This module is public only so that the loom models in `loom-tests/` share the
-//! exact types the core uses; it is not part of the stable API.
+//! This module is private; it is public only under the crate's checking cfgs, so
+//! that the loom models in `loom-tests/` share the exact types the core uses.
 
 #[cfg(not(taskstage_loom))]
 pub use std::sync::{
-    atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering},
+    atomic::{AtomicU8, Ordering},
     Arc, Condvar, Mutex, MutexGuard, Weak,
 };
 

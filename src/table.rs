@@ -10,13 +10,15 @@
 //! stage. `docs/stages.md` is rendered from it by [`render_markdown`], and a test
 //! fails when that file is stale.
 
-use std::fmt::{self, Write as _};
+use std::fmt;
+#[cfg(test)]
+use std::fmt::Write as _;
 
 use statig::blocking::{InitializedStateMachine, IntoStateMachineExt as _, Outcome as Flow};
 use statig::prelude::{Handled, Transition};
 
 use crate::error::Refusal;
-use crate::stage::{Command, Stage};
+use crate::stage::{Cause, Command, Stage};
 
 /// One input to the table: a caller's command, or an event reported by a run or by a
 /// pre-start check ("preparation").
@@ -102,6 +104,24 @@ impl Input {
             Input::RunFailed => "run failed",
             Input::RunCancelled => "run cancelled",
             Input::Closed => "units closed",
+        }
+    }
+}
+
+impl From<Input> for Cause {
+    fn from(input: Input) -> Cause {
+        match input {
+            Input::Pause => Cause::Pause,
+            Input::Resume => Cause::Resume,
+            Input::Stop => Cause::Stop,
+            Input::Update => Cause::Update,
+            Input::PrepOk => Cause::PrepareOk,
+            Input::PrepFailed => Cause::PrepareFailed,
+            Input::PrepCancelled => Cause::PrepareCancelled,
+            Input::RunOk { last_unit } => Cause::RunOk { last_unit },
+            Input::RunFailed => Cause::RunFailed,
+            Input::RunCancelled => Cause::RunCancelled,
+            Input::Closed => Cause::Closed,
         }
     }
 }
@@ -196,23 +216,9 @@ pub enum Verdict {
     Ignored,
 }
 
-/// Decides what `input` does in `stage`.
-///
-/// # Examples
-///
-/// ```
-/// use taskstage::table::{decide, Input, Verdict};
-/// use taskstage::{Refusal, Stage};
-///
-/// let Verdict::Step(step) = decide(Stage::Running, Input::Pause) else { panic!() };
-/// assert_eq!(step.to, Stage::Pausing);
-/// assert!(step.effects.cancel);
-///
-/// assert_eq!(
-///     decide(Stage::Pausing, Input::Resume),
-///     Verdict::Refused(Refusal::StillRunning)
-/// );
-/// ```
+/// Decides what `input` does in `stage`: for example, a pause in Running steps to
+/// Pausing with the cancel effect, and a resume in Pausing is refused with
+/// `Refusal::StillRunning` (`src/table/tests.rs` checks every cell).
 pub fn decide(stage: Stage, input: Input) -> Verdict {
     let mut record = Record {
         verdict: Verdict::Ignored,
@@ -613,13 +619,14 @@ impl fmt::Display for Verdict {
 }
 
 /// Renders the whole table, and a state diagram, as the Markdown of `docs/stages.md`.
-pub fn render_markdown() -> String {
+#[cfg(test)]
+pub(crate) fn render_markdown() -> String {
     let mut out = String::new();
     out.push_str("# Stages and transitions\n\n");
     out.push_str(
         "This file is generated from the transition table in `src/table.rs` by \
-         `taskstage::table::render_markdown`; the test `tests/table.rs` fails when it \
-         is stale. Regenerate it with `TASKSTAGE_BLESS=1 cargo test --test table`.\n\n",
+         `render_markdown`; the test `src/table/tests.rs` fails when it is stale. \
+         Regenerate it with `TASKSTAGE_BLESS=1 cargo test -p taskstage --lib table`.\n\n",
     );
     out.push_str(
         "Rows are stages, columns are inputs: the four commands, then the events a run \
@@ -667,3 +674,6 @@ pub fn render_markdown() -> String {
     out.push_str("    Stopped --> [*]\n    Finished --> [*]\n```\n");
     out
 }
+
+#[cfg(test)]
+mod tests;

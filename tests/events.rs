@@ -122,7 +122,7 @@ async fn a_reader_that_falls_behind_is_told_how_many_changes_it_missed() {
     assert_eq!((stopping.seq, stopping.stage), (made + 1, Stage::Stopping));
     assert_eq!((returned.seq, returned.stage), (made + 2, Stage::Stopping));
     assert_eq!((stopped.seq, stopped.stage), (made + 3, Stage::Stopped));
-    assert_eq!(stopped.cause, taskstage::table::Input::Closed);
+    assert_eq!(stopped.cause, taskstage::Cause::Closed);
     assert!(
         next(&mut events, "the end").await.is_none(),
         "the stream ends at a terminal stage"

@@ -11,8 +11,7 @@
 use std::collections::VecDeque;
 
 use crate::outcome::Outcome;
-use crate::stage::Stage;
-use crate::table::Input;
+use crate::stage::{Cause, Stage};
 
 /// One change of a task, as the event stream delivers it: the transition and the state
 /// it left.
@@ -22,8 +21,8 @@ pub struct Change {
     pub from: Stage,
     /// The stage after (may equal `from`, e.g. a pause in Paused sets the mark).
     pub stage: Stage,
-    /// The input that caused it.
-    pub cause: Input,
+    /// What caused it.
+    pub cause: Cause,
     /// The change counter after it: consecutive changes have consecutive numbers.
     pub seq: u64,
     /// The generation after it.

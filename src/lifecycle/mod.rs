@@ -199,6 +199,10 @@ impl<K, C, U> Applied<K, C, U> {
     }
 
     /// The stage after the input, if it was accepted.
+    #[cfg_attr(
+        not(any(test, taskstage_loom, taskstage_internals)),
+        allow(dead_code, reason = "driven by the tests, the loom models and the core benchmark")
+    )]
     pub fn stage(&self) -> Option<Stage> {
         self.transition.map(|t| t.to)
     }
@@ -336,6 +340,10 @@ impl<K, C, U> Lifecycle<K, C, U> {
 
 impl<K: CancelHandle, C, U> Lifecycle<K, C, U> {
     /// A task in stage New with the given units and configuration.
+    #[cfg_attr(
+        not(any(test, taskstage_loom, taskstage_internals)),
+        allow(dead_code, reason = "driven by the tests, the loom models and the core benchmark")
+    )]
     pub fn new(units: Vec<U>, config: C) -> Self {
         Self::with_shared_config(units, Arc::new(config))
     }
@@ -813,6 +821,10 @@ impl<K: CancelHandle, C, U> Lifecycle<K, C, U> {
 
     /// Waits (blocking the thread) until `settle` is reached, and returns the stage it
     /// reports.
+    #[cfg_attr(
+        not(any(test, taskstage_loom, taskstage_internals)),
+        allow(dead_code, reason = "driven by the tests, the loom models and the core benchmark")
+    )]
     pub fn settled_blocking(&self, settle: Settle) -> Stage {
         let mut state = lock(&self.state);
         loop {
@@ -857,6 +869,10 @@ impl<K: CancelHandle, C, U> Lifecycle<K, C, U> {
     /// # Errors
     ///
     /// [`Error::Refused`] as [`Lifecycle::command`].
+    #[cfg_attr(
+        not(any(test, taskstage_loom, taskstage_internals)),
+        allow(dead_code, reason = "driven by the tests, the loom models and the core benchmark")
+    )]
     pub fn pause_blocking(&self) -> Result<Stage, Error> {
         self.command_blocking(Command::Pause)
     }
@@ -867,10 +883,18 @@ impl<K: CancelHandle, C, U> Lifecycle<K, C, U> {
     /// # Errors
     ///
     /// [`Error::Refused`] as [`Lifecycle::command`].
+    #[cfg_attr(
+        not(any(taskstage_loom, taskstage_internals)),
+        allow(dead_code, reason = "driven by the loom models")
+    )]
     pub fn stop_blocking(&self) -> Result<Stage, Error> {
         self.command_blocking(Command::Stop)
     }
 
+    #[cfg_attr(
+        not(any(test, taskstage_loom, taskstage_internals)),
+        allow(dead_code, reason = "driven by the tests, the loom models and the core benchmark")
+    )]
     fn command_blocking(&self, command: Command) -> Result<Stage, Error> {
         let applied = self.command(command)?;
         let generation = applied.transition.map(|t| t.generation).unwrap_or_default();
@@ -967,7 +991,7 @@ impl<K, C, U> State<K, C, U> {
         Change {
             from,
             stage: self.stage,
-            cause,
+            cause: cause.into(),
             seq: self.seq,
             generation: self.generation,
             unit: (self.unit < self.units).then_some(self.unit),

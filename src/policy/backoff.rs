@@ -5,6 +5,7 @@ use std::time::Duration;
 
 /// One of the settings of a [`BackoffSettings`], as named in errors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Setting {
     /// The delay of the first auto-resume.
     Min,

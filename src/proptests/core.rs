@@ -1,7 +1,7 @@
 //! Property tests of the lifecycle core: random sequences of up to 50 inputs (pause,
 //! resume, stop, update, and the exits of runs and pre-start checks, stale ones
-//! included) run against `taskstage::lifecycle::Lifecycle` and, step by step, against
-//! an independent reference model of the specification (`tests/support/prop/model.rs`).
+//! included) run against `crate::lifecycle::Lifecycle` and, step by step, against
+//! an independent reference model of the specification (`src/proptests/model.rs`).
 //!
 //! After every step the test checks that the stage, generation, unit, outcome,
 //! user-paused mark, configuration and change counter equal the model's; that a
@@ -13,23 +13,17 @@
 //! alive any more.
 //!
 //! 10,000 cases by default; `PROPTEST_CASES` overrides it.
-#![allow(
-    clippy::incompatible_msrv,
-    reason = "built on the toolchain CI uses; rust-version is the library's minimum"
-)]
 
-mod support;
-
-use support::prop as common;
+use super as common;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use crate::lifecycle::{Applied, CancelHandle, Lifecycle, Settle, StartKind};
+use crate::{Command, Error, Refusal, RunError, Stage};
 use proptest::prelude::*;
 use proptest::strategy::Union;
 use proptest_state_machine::{prop_state_machine, ReferenceStateMachine, StateMachineTest};
-use taskstage::lifecycle::{Applied, CancelHandle, Lifecycle, Settle, StartKind};
-use taskstage::{Command, Error, Refusal, RunError, Stage};
 
 use common::model::{self, failure_message, Cmd, Exit, Failure, Kind, Model, Seen};
 
@@ -60,7 +54,7 @@ impl CancelHandle for Flag {
     fn interrupted(
         &self,
         _on_cancel: bool,
-    ) -> impl std::future::Future<Output = taskstage::lifecycle::Interrupt> + Send + '_ {
+    ) -> impl std::future::Future<Output = crate::lifecycle::Interrupt> + Send + '_ {
         std::future::pending()
     }
 }
@@ -398,12 +392,12 @@ impl Driver {
     }
 }
 
-fn core_exit(kind: Kind, generation: u64, exit: Exit) -> taskstage::outcome::Exit {
+fn core_exit(kind: Kind, generation: u64, exit: Exit) -> crate::outcome::Exit {
     match exit {
-        Exit::Ok => taskstage::outcome::Exit::Ok,
-        Exit::Cancelled => taskstage::outcome::Exit::Cancelled,
+        Exit::Ok => crate::outcome::Exit::Ok,
+        Exit::Cancelled => crate::outcome::Exit::Cancelled,
         Exit::Failed(_) => {
-            taskstage::outcome::Exit::Failed(RunError::msg(failure_message(kind, generation)))
+            crate::outcome::Exit::Failed(RunError::msg(failure_message(kind, generation)))
         }
     }
 }
@@ -442,7 +436,7 @@ impl StateMachineTest for CoreTest {
                 let exit = core_exit(kind, generation, exit);
                 let applied = match kind {
                     // A completed run closes its unit before it reports.
-                    Kind::Run if matches!(exit, taskstage::outcome::Exit::Ok) => {
+                    Kind::Run if matches!(exit, crate::outcome::Exit::Ok) => {
                         driver.closes[unit] += 1;
                         driver.core.report_exit(generation, exit, None)
                     }

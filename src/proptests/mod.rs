@@ -1,7 +1,10 @@
-//! Shared by the property tests: the reference model, the comparison with it, and the
+//! The property tests of the core and the runtime, against one reference model of the
+//! specification. Shared by both: the reference model, the comparison with it, and the
 //! proptest configuration.
 
+mod core;
 pub(crate) mod model;
+mod runtime;
 
 use proptest::test_runner::{Config, FileFailurePersistence};
 
@@ -28,7 +31,7 @@ pub(crate) fn config(default: u32, file: &'static str) -> Config {
 /// from either system under test.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct Observable {
-    stage: taskstage::Stage,
+    stage: crate::Stage,
     generation: u64,
     unit: Option<usize>,
     seq: u64,
@@ -36,8 +39,8 @@ pub(crate) struct Observable {
     outcome: String,
 }
 
-impl From<&taskstage::lifecycle::Snapshot> for Observable {
-    fn from(s: &taskstage::lifecycle::Snapshot) -> Self {
+impl From<&crate::lifecycle::Snapshot> for Observable {
+    fn from(s: &crate::lifecycle::Snapshot) -> Self {
         Observable {
             stage: s.stage,
             generation: s.generation,
@@ -49,8 +52,8 @@ impl From<&taskstage::lifecycle::Snapshot> for Observable {
     }
 }
 
-impl From<&taskstage::TaskSnapshot> for Observable {
-    fn from(s: &taskstage::TaskSnapshot) -> Self {
+impl From<&crate::TaskSnapshot> for Observable {
+    fn from(s: &crate::TaskSnapshot) -> Self {
         Observable {
             stage: s.stage,
             generation: s.generation,

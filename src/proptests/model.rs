@@ -4,7 +4,7 @@
 //! It does not call the crate's transition table: every cell below is restated here,
 //! stage by stage, so that the property tests compare two independent readings of the
 //! specification. Where the specification leaves a detail open, the model takes the
-//! reading that `tests/table.rs` and `docs/stages.md` record, and says so at the cell.
+//! reading that `src/table/tests.rs` and `docs/stages.md` record, and says so at the cell.
 //!
 //! Beyond the stage, the model knows what a real driver would see: which run or
 //! pre-start check ("prep") is alive, of which generation, and whether it was asked to
@@ -12,7 +12,7 @@
 //! mark; the configuration; which units were closed; and how many inputs were
 //! accepted (the core's change counter).
 
-use taskstage::{Refusal, Stage};
+use crate::{Refusal, Stage};
 
 /// A caller's command.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -323,13 +323,13 @@ impl Model {
                 self.stage = Paused;
             }
             // Nobody asked the check to stop: like a run, an unrequested cancel is
-            // an error (the crate's reading, tests/table.rs).
+            // an error (the crate's reading, src/table/tests.rs).
             (Kind::Prep, Resuming, Exit::Cancelled) => {
                 self.outcome = Some(failed(Failure::Unrequested));
                 self.stage = Paused;
             }
             // A check that completed although it was cancelled launches nothing: the
-            // pause wins, and the outcome says cancelled (tests/table.rs).
+            // pause wins, and the outcome says cancelled (src/table/tests.rs).
             (Kind::Prep, Pausing, Exit::Ok | Exit::Cancelled) => {
                 self.outcome = Some(Outcome::Cancelled);
                 self.user_paused = true;
@@ -430,8 +430,8 @@ impl Model {
 }
 
 /// Compares an outcome the crate recorded with the model's.
-pub(crate) fn outcome_matches(seen: Option<&taskstage::Outcome>, want: Option<Outcome>) -> bool {
-    use taskstage::Outcome as O;
+pub(crate) fn outcome_matches(seen: Option<&crate::Outcome>, want: Option<Outcome>) -> bool {
+    use crate::Outcome as O;
     match (seen, want) {
         (None, None) => true,
         (Some(O::Completed), Some(Outcome::Completed)) => true,
@@ -467,7 +467,7 @@ pub(crate) struct Seen<'a> {
     pub(crate) stage: Stage,
     pub(crate) generation: u64,
     pub(crate) unit: Option<usize>,
-    pub(crate) outcome: Option<&'a taskstage::Outcome>,
+    pub(crate) outcome: Option<&'a crate::Outcome>,
     pub(crate) user_paused: bool,
     pub(crate) seq: u64,
 }

@@ -1,7 +1,7 @@
 //! Property tests of the tokio runtime handle: random sequences of up to 50 inputs run
 //! against a real task (`Task::builder(..).unit(..).spawn()` / `spawn_paused()`) whose
 //! units are scripted, and, step by step, against the independent reference model of
-//! the specification (`tests/support/prop/model.rs`).
+//! the specification (`src/proptests/model.rs`).
 //!
 //! Each unit does what the sequence says, when it says: a pre-start check passes,
 //! fails or panics on order and otherwise hangs; a run finishes, fails, panics or
@@ -22,14 +22,8 @@
 //!
 //! 1,000 cases on a current-thread runtime with the paused clock, and 200 on a
 //! multi-thread runtime with real (short) deadlines; `PROPTEST_CASES` overrides both.
-#![allow(
-    clippy::incompatible_msrv,
-    reason = "built on the toolchain CI uses; rust-version is the library's minimum"
-)]
 
-mod support;
-
-use support::prop as common;
+use super as common;
 
 use std::future::{poll_fn, Future};
 use std::panic::PanicHookInfo;
@@ -38,12 +32,10 @@ use std::sync::{Arc, Once};
 use std::task::Poll;
 use std::time::Duration;
 
+use crate::{Command, Error, Handle, Refusal, RunContext, RunError, RunExit, Stage, Task, Unit};
 use proptest::prelude::*;
 use proptest::strategy::Union;
 use proptest_state_machine::{prop_state_machine, ReferenceStateMachine, StateMachineTest};
-use taskstage::{
-    Command, Error, Handle, Refusal, RunContext, RunError, RunExit, Stage, Task, Unit,
-};
 use tokio::sync::{mpsc, watch};
 
 use common::model::{self, failure_message, panic_message, Cmd, Exit, Failure, Kind, Model, Seen};
@@ -742,12 +734,7 @@ async fn issue_then<T>(call: impl Future<Output = T>, then: impl FnOnce()) -> T 
     call.await
 }
 
-fn assert_refused(
-    error: &Error,
-    command: Command,
-    before: &taskstage::TaskSnapshot,
-    want: Refusal,
-) {
+fn assert_refused(error: &Error, command: Command, before: &crate::TaskSnapshot, want: Refusal) {
     match error {
         Error::Refused {
             command: c,

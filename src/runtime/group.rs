@@ -16,6 +16,7 @@ use crate::stage::Stage;
 
 /// In which order [`TaskGroup::stop_all`] stops its tasks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum StopOrder {
     /// Every stop is issued at once, and all are awaited together.
     #[default]

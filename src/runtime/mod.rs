@@ -20,11 +20,9 @@ pub use self::events::{Change, Event, Events};
 pub use self::group::{GroupEvents, GroupReport, StopOrder, Stuck, TaskGroup, TaskReport};
 pub use self::handle::{Handle, Settling, TaskObserver, TaskSnapshot, WeakHandle};
 pub use self::unit::{Progress, RunContext, RunExit, Unit};
-/// What caused a change: a command, or a run's (or a check's) report.
-pub use crate::table::Input;
 
 use crate::lifecycle::Transition;
-use crate::stage::Stage;
+use crate::stage::{Cause, Stage};
 
 /// The latest stage change of a task, as [`Handle::subscribe`] delivers it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,7 +34,7 @@ pub struct StageEvent {
     /// The generation after the change.
     pub generation: u64,
     /// What caused it; `None` for the initial value.
-    pub cause: Option<Input>,
+    pub cause: Option<Cause>,
     /// The lifecycle's change counter: it increases with every change.
     pub seq: u64,
 }
@@ -59,7 +57,7 @@ impl From<Transition> for StageEvent {
             stage: t.to,
             from: t.from,
             generation: t.generation,
-            cause: Some(t.cause),
+            cause: Some(t.cause.into()),
             seq: t.seq,
         }
     }

@@ -11,6 +11,7 @@ use crate::sync::{lock, Arc, Mutex};
 
 /// How a run ended, when it did not fail.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum RunExit {
     /// The unit's work is complete; the pipeline moves to the next unit.
     Completed,

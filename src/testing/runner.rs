@@ -64,6 +64,7 @@ pub struct End {
 
 /// One entry of a run's timeline.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub enum Line {
     /// A change of a task, from its [`Handle::events`] stream.
     Change {
@@ -95,7 +96,7 @@ impl fmt::Display for Line {
                     change.seq,
                     change.from,
                     change.stage,
-                    change.cause.label()
+                    change.cause.name()
                 )?;
                 if let Some(unit) = change.unit {
                     write!(f, ", unit {unit}")?;

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 /// When a step of a schedule acts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Point {
     /// After the task's units have made this many more progress reports (counted from
     /// the previous step). A report is a change of the current unit's
@@ -30,6 +31,7 @@ pub enum Point {
 
 /// What a step of a schedule does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Action {
     /// [`Handle::pause`](crate::Handle::pause); the task stays paused until a later
     /// `resume` (or the end of the schedule, which resumes a paused task).

@@ -1,8 +1,6 @@
 //! Test units and counters shared by the runtime tests.
 #![allow(dead_code, unreachable_pub)] // reason: each test crate uses a different subset
 
-pub mod prop;
-
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 

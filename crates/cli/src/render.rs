@@ -4,17 +4,14 @@
 //! them; new fields may be added.
 
 use serde_json::{json, Value};
-use taskstage_cluster::{CheckpointInfo, ObservedOutcome, ObservedStatus, TaskStatus, WorkerId};
+use taskstage_cluster::{CheckpointInfo, ObservedStatus, TaskStatus, WorkerId};
 
 /// The outcome's name and, for a failure, its text.
 pub(crate) fn outcome(observed: Option<&ObservedStatus>) -> (Option<&'static str>, Option<&str>) {
     match observed.map(|o| &o.outcome) {
         None => (None, None),
-        Some(ObservedOutcome::None) => (Some("none"), None),
-        Some(ObservedOutcome::Completed) => (Some("completed"), None),
-        Some(ObservedOutcome::Cancelled) => (Some("cancelled"), None),
-        Some(ObservedOutcome::Aborted) => (Some("aborted"), None),
-        Some(ObservedOutcome::Failed(e)) => (Some("failed"), Some(e)),
+        // The command line prints "none" for an owner whose run has not returned yet.
+        Some(outcome) => (Some(outcome.name().unwrap_or("none")), outcome.error()),
     }
 }
 

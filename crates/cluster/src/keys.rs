@@ -183,6 +183,7 @@ impl FromStr for DesiredStage {
 
 /// What the last run of an owner returned, as reported in the observed status.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ObservedOutcome {
     /// No run has returned yet.
     None,
@@ -203,6 +204,35 @@ impl ObservedOutcome {
         matches!(self, ObservedOutcome::Failed(_))
     }
 
+    /// The outcome's name, the same as [`taskstage::Outcome::name`]'s, or `None` when
+    /// no run has returned yet.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use taskstage_cluster::ObservedOutcome;
+    ///
+    /// assert_eq!(ObservedOutcome::Cancelled.name(), Some("cancelled"));
+    /// assert_eq!(ObservedOutcome::None.name(), None);
+    /// ```
+    pub fn name(&self) -> Option<&'static str> {
+        match self {
+            ObservedOutcome::None => None,
+            ObservedOutcome::Completed => Some("completed"),
+            ObservedOutcome::Cancelled => Some("cancelled"),
+            ObservedOutcome::Aborted => Some("aborted"),
+            ObservedOutcome::Failed(_) => Some("failed"),
+        }
+    }
+
+    /// The error's text, if this is a failure.
+    pub fn error(&self) -> Option<&str> {
+        match self {
+            ObservedOutcome::Failed(error) => Some(error),
+            _ => None,
+        }
+    }
+
     pub(crate) fn from_outcome(outcome: Option<&taskstage::Outcome>) -> Self {
         match outcome {
             None => ObservedOutcome::None,
@@ -210,6 +240,10 @@ impl ObservedOutcome {
             Some(taskstage::Outcome::Cancelled) => ObservedOutcome::Cancelled,
             Some(taskstage::Outcome::Aborted) => ObservedOutcome::Aborted,
             Some(taskstage::Outcome::Failed(e)) => ObservedOutcome::Failed(e.to_string()),
+            // `Outcome` may grow; a newer core's outcome is reported, not hidden.
+            Some(other) => {
+                ObservedOutcome::Failed(format!("an outcome this worker does not know: {other:?}"))
+            }
         }
     }
 }

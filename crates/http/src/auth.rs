@@ -9,6 +9,7 @@ use axum::http::StatusCode;
 
 /// What a token may do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[non_exhaustive]
 pub enum Scope {
     /// Read: list, show, stream, health.
     Read,

@@ -139,13 +139,9 @@ fn stage_of(status: &TaskStatus) -> Option<&ObservedStatus> {
 }
 
 fn outcome(outcome: &ObservedOutcome) -> Option<(&'static str, Option<String>)> {
-    match outcome {
-        ObservedOutcome::None => None,
-        ObservedOutcome::Completed => Some(("completed", None)),
-        ObservedOutcome::Cancelled => Some(("cancelled", None)),
-        ObservedOutcome::Aborted => Some(("aborted", None)),
-        ObservedOutcome::Failed(e) => Some(("failed", Some(e.clone()))),
-    }
+    outcome
+        .name()
+        .map(|name| (name, outcome.error().map(str::to_owned)))
 }
 
 fn item_of(status: &TaskStatus, since: Option<u64>) -> Item {

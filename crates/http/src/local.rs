@@ -208,7 +208,7 @@ impl<C: Send + Sync + 'static> LocalTasks<C> {
                         let data = serde_json::json!({
                             "task": &*id,
                             "from": change.from.name(),
-                            "cause": change.cause.label(),
+                            "cause": change.cause.name(),
                             "generation": change.generation,
                             "item": item.to_json(),
                         });
@@ -366,12 +366,7 @@ impl<C: Send + Sync + 'static> LocalTasks<C> {
 }
 
 fn outcome(outcome: &Outcome) -> (&'static str, Option<String>) {
-    match outcome {
-        Outcome::Completed => ("completed", None),
-        Outcome::Cancelled => ("cancelled", None),
-        Outcome::Aborted => ("aborted", None),
-        Outcome::Failed(error) => ("failed", Some(error.to_string())),
-    }
+    (outcome.name(), outcome.error().map(ToString::to_string))
 }
 
 /// What `entry`'s item is built from, read now (see [`Key`]).

@@ -281,6 +281,7 @@ impl Timeline {
                 Outcome::Cancelled => "the run returned after the cancel".to_owned(),
                 Outcome::Aborted => "the run was aborted".to_owned(),
                 Outcome::Failed(e) => format!("failed: {e}"),
+                other => other.name().to_owned(),
             })
         } else {
             None
