@@ -93,6 +93,27 @@ fn test_target(suite: &str) -> Option<&str> {
     words.find(|w| *w == "--test").and_then(|_| words.next())
 }
 
+/// The features a suite asks for (`--features A,B`).
+fn features(suite: &str) -> Vec<&str> {
+    let mut words = suite.split_whitespace();
+    words
+        .find(|w| *w == "--features")
+        .and_then(|_| words.next())
+        .map(|list| list.split(',').collect())
+        .unwrap_or_default()
+}
+
+/// The top module a `--lib` suite's filter starts with, if it names one
+/// (`--lib table::tests` names `table`; `--lib decide` a module or a test alike).
+fn lib_module(suite: &str) -> Option<&str> {
+    let mut words = suite.split_whitespace();
+    words
+        .find(|w| *w == "--lib")
+        .and_then(|_| words.next())
+        .filter(|filter| filter.contains("::"))
+        .and_then(|filter| filter.split("::").next())
+}
+
 /// The directory of the package a suite names (`-p NAME`; the core when it names
 /// none), relative to the workspace root, or `None` for a package the workspace does
 /// not have.
@@ -148,6 +169,33 @@ fn every_mutant_is_in_form_and_names_a_suite_that_exists() {
                 m.suite
             );
         };
+        for feature in features(&m.suite) {
+            let manifest = std::fs::read_to_string(root().join(package).join("Cargo.toml"))
+                .expect("the package's manifest reads");
+            let declared = manifest
+                .split("[features]")
+                .nth(1)
+                .map(|section| section.split("\n[").next().unwrap_or_default())
+                .is_some_and(|section| {
+                    section
+                        .lines()
+                        .any(|line| line.trim_start().starts_with(&format!("{feature} =")))
+                });
+            assert!(
+                declared,
+                "{}: its suite asks for feature {feature}, which {package}Cargo.toml does not declare",
+                m.path.display()
+            );
+        }
+        if let Some(module) = lib_module(&m.suite) {
+            let file = format!("{package}src/{module}.rs");
+            let dir = format!("{package}src/{module}/mod.rs");
+            assert!(
+                root().join(&file).is_file() || root().join(&dir).is_file(),
+                "{}: its suite filters --lib {module}::, and neither {file} nor {dir} exists",
+                m.path.display()
+            );
+        }
         if let Some(target) = test_target(&m.suite) {
             let file = format!("{package}tests/{target}.rs");
             assert!(
