@@ -287,3 +287,13 @@ fn docs_stages_md_is_rendered_from_the_table() {
         "docs/stages.md is stale: regenerate it with `TASKSTAGE_BLESS=1 cargo test -p taskstage --lib table`"
     );
 }
+
+/// The public cause of every input names it as the table does, and is the same command.
+#[test]
+fn every_input_has_a_cause_of_the_same_name_and_command() {
+    for input in Input::ALL {
+        let cause = crate::Cause::from(input);
+        assert_eq!(cause.name(), input.label(), "{input:?}");
+        assert_eq!(cause.command(), input.command(), "{input:?}");
+    }
+}
