@@ -300,7 +300,7 @@ fn runner(broken: bool, cases: u32) -> Runner<Migration> {
     }
 }
 
-/// Report points reach into the load (8 reports in the dump) and the sync. A pause
+/// Report points reach into the load (9 reports in the dump) and the sync. A pause
 /// holds until a resume, and points cannot come while the task is paused, so resumes
 /// are drawn a little more often than pauses.
 fn schedules() -> Schedules {

@@ -38,13 +38,20 @@ pub struct Progress {
 /// [`Handle::wait_for`](crate::Handle::wait_for).
 #[derive(Debug, Default)]
 pub(crate) struct ProgressCell {
-    latest: Mutex<(usize, Progress)>,
+    /// The unit that reported last, its progress, and how many reports the task's
+    /// units have made in all (the testing kit counts them: two reports between two
+    /// polls are two).
+    latest: Mutex<(usize, Progress, u64)>,
     changed: tokio::sync::Notify,
 }
 
 impl ProgressCell {
     pub(crate) fn set(&self, unit: usize, progress: Progress) {
-        *lock(&self.latest) = (unit, progress);
+        {
+            let mut latest = lock(&self.latest);
+            let reports = latest.2.wrapping_add(1);
+            *latest = (unit, progress, reports);
+        }
         // After the store, with our lock released: a waiter enabled before it reads
         // the state is woken, and one enabled after it reads the new value.
         self.changed.notify_waiters();
@@ -56,12 +63,18 @@ impl ProgressCell {
     }
 
     pub(crate) fn get(&self, unit: usize) -> Progress {
-        let (at, progress) = *lock(&self.latest);
+        let (at, progress, _) = *lock(&self.latest);
         if at == unit {
             progress
         } else {
             Progress::default()
         }
+    }
+
+    /// How many reports the task's units have made so far.
+    #[cfg(feature = "testing")]
+    pub(crate) fn reports(&self) -> u64 {
+        lock(&self.latest).2
     }
 }
 

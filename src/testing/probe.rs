@@ -4,15 +4,15 @@
 use std::collections::HashSet;
 use std::fmt;
 use std::future::{poll_fn, Future};
+use std::marker::PhantomData;
 use std::pin::{pin, Pin};
-use std::sync::OnceLock;
 use std::task::Poll;
 
 use tokio::sync::oneshot;
 
 use super::schedule::Point;
 use crate::error::RunError;
-use crate::runtime::{RunContext, RunExit, Unit, WeakHandle};
+use crate::runtime::{RunContext, RunExit, Unit};
 use crate::sync::{lock, Arc, Mutex};
 
 /// One run (or pre-start check) of one unit, as the kit names it in a failure.
@@ -58,8 +58,8 @@ struct State {
     /// The first time two were live at once.
     overlap: Option<(RunId, RunId)>,
     armed: Option<Armed>,
-    /// The last progress seen, per task: (task, unit, done).
-    seen: Vec<(u32, usize, u64)>,
+    /// The reports counted so far, per task: (task, reports).
+    seen: Vec<(u32, u64)>,
     /// (task, unit) pairs whose first run has started.
     started: HashSet<(u32, usize)>,
 }
@@ -157,33 +157,32 @@ impl Probe {
         lock(&self.state).started.insert((task, unit))
     }
 
-    /// Records the progress a run's handle shows now; returns the hold if that was
-    /// the report the armed point waits for.
-    fn progress(&self, task: u32, unit: usize, done: u64) -> Option<oneshot::Receiver<()>> {
-        {
+    /// Counts the reports `task`'s units have made since the last count (`reports`
+    /// in all, from the task's progress cell); returns the hold if the armed point
+    /// waits for one of them. Every report counts: two made between two polls are
+    /// two, though the run is held only at the second poll.
+    fn progress(&self, task: u32, reports: u64) -> Option<oneshot::Receiver<()>> {
+        let new = {
             let mut state = lock(&self.state);
-            // A task starts at unit 0 with nothing done.
-            let position = match state.seen.iter().position(|(t, _, _)| *t == task) {
+            let position = match state.seen.iter().position(|(t, _)| *t == task) {
                 Some(position) => position,
                 None => {
-                    state.seen.push((task, 0, 0));
+                    state.seen.push((task, 0));
                     state.seen.len() - 1
                 }
             };
             let entry = &mut state.seen[position];
-            let switched = entry.1 != unit;
-            if (entry.1, entry.2) == (unit, done) {
-                return None;
-            }
-            (entry.1, entry.2) = (unit, done);
-            // A new unit shows nothing done until it reports: that is not a report.
-            if switched && done == 0 {
-                return None;
-            }
+            let new = reports.saturating_sub(entry.1);
+            entry.1 = reports;
+            new
+        };
+        if new == 0 {
+            return None;
         }
+        let new = u32::try_from(new).unwrap_or(u32::MAX);
         self.reach(|armed| match armed.at {
             Point::Reports(_) => {
-                armed.remaining = armed.remaining.saturating_sub(1);
+                armed.remaining = armed.remaining.saturating_sub(new);
                 armed.remaining == 0
             }
             _ => false,
@@ -196,8 +195,8 @@ impl Probe {
 pub struct Watch<C: Send + Sync + 'static = ()> {
     pub(crate) probe: Arc<Probe>,
     pub(crate) task: u32,
-    pub(crate) handle: Arc<OnceLock<WeakHandle<C>>>,
     pub(crate) watched: Arc<Mutex<usize>>,
+    pub(crate) config: PhantomData<fn() -> C>,
 }
 
 impl<C: Send + Sync + 'static> fmt::Debug for Watch<C> {
@@ -224,7 +223,7 @@ impl<C: Send + Sync + 'static> Watch<C> {
             inner: unit,
             probe: Arc::clone(&self.probe),
             task: self.task,
-            handle: Arc::clone(&self.handle),
+            config: PhantomData,
         }
     }
 }
@@ -235,7 +234,7 @@ pub struct Watched<U, C: Send + Sync + 'static = ()> {
     inner: U,
     probe: Arc<Probe>,
     task: u32,
-    handle: Arc<OnceLock<WeakHandle<C>>>,
+    config: PhantomData<fn() -> C>,
 }
 
 impl<U, C: Send + Sync + 'static> fmt::Debug for Watched<U, C> {
@@ -256,13 +255,6 @@ impl<U, C: Send + Sync + 'static> Watched<U, C> {
             check,
         }
     }
-}
-
-/// The current unit's progress as the task's handle shows it.
-fn progress<C: Send + Sync + 'static>(handle: &OnceLock<WeakHandle<C>>) -> Option<(usize, u64)> {
-    let handle = handle.get()?.upgrade()?;
-    let snapshot = handle.snapshot();
-    Some((snapshot.unit_index()?, snapshot.progress.done))
 }
 
 /// Waits on a hold, if there is one. A controller that went away releases it.
@@ -302,7 +294,11 @@ where
         if self.probe.first_run(self.task, unit) {
             held(self.probe.reach(|armed| armed.at == Point::Switch(unit))).await;
         }
-        let (probe, task, handle) = (Arc::clone(&self.probe), self.task, Arc::clone(&self.handle));
+        let (probe, task, cell) = (
+            Arc::clone(&self.probe),
+            self.task,
+            Arc::clone(&ctx.progress),
+        );
         let mut run: Pin<&mut _> = pin!(self.inner.run(ctx));
         let mut hold: Option<oneshot::Receiver<()>> = None;
         poll_fn(move |cx| loop {
@@ -315,9 +311,9 @@ where
             match run.as_mut().poll(cx) {
                 Poll::Ready(result) => return Poll::Ready(result),
                 Poll::Pending => {
-                    // Between two polls: a new report is a point a schedule can act at.
-                    hold =
-                        progress(&handle).and_then(|(unit, done)| probe.progress(task, unit, done));
+                    // Between two polls: the reports made since the last one are points
+                    // a schedule can act at.
+                    hold = probe.progress(task, cell.reports());
                     if hold.is_none() {
                         return Poll::Pending;
                     }

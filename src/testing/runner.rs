@@ -1,9 +1,9 @@
 //! The runner: a user's pipeline under a schedule, the checks, and the shrunk report.
 
 use std::fmt;
+use std::marker::PhantomData;
 use std::panic::AssertUnwindSafe;
 use std::sync::mpsc;
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use proptest::test_runner::{Config, TestCaseError, TestError, TestRunner};
@@ -778,17 +778,14 @@ impl<S: Subject> Driver<S> {
     /// Builds the next task from the subject and starts it.
     async fn start(&mut self) -> Result<(), Violation> {
         self.task += 1;
-        let cell = Arc::new(OnceLock::new());
         let watched = Arc::new(Mutex::new(0));
         let watch = Watch {
             probe: Arc::clone(&self.probe),
             task: self.task,
-            handle: Arc::clone(&cell),
             watched: Arc::clone(&watched),
+            config: PhantomData,
         };
         let handle = self.subject.task(&watch).spawn_paused()?;
-        // The cell is new: nothing else can have set it.
-        let _ = cell.set(handle.downgrade());
         let (units, watched) = (handle.snapshot().units, *lock(&watched));
         // More may have gone through it than the pipeline holds (a unit the subject
         // runs elsewhere); fewer means one of the pipeline's is not watched.

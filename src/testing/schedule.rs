@@ -9,14 +9,14 @@ use std::time::Duration;
 #[non_exhaustive]
 pub enum Point {
     /// After the task's units have made this many more progress reports (counted from
-    /// the previous step). A report is a change of the current unit's
-    /// [`Progress`](crate::runtime::Progress) seen between two polls of its run. The run is
-    /// held right after the report until the step's command has been issued.
+    /// the previous step). A report is a call of
+    /// [`RunContext::report_progress`](crate::RunContext::report_progress), and every
+    /// one counts. The run is held at its first `Pending` after the report, until the
+    /// step's command has been issued.
     ///
-    /// The kit sees progress when the run returns `Pending`: two reports with no
-    /// `Pending` between them (I/O that completed before it was awaited, or a last
-    /// report just before the run returns) count as one, so on a real machine the
-    /// Nth report can differ from one run of a schedule to the next.
+    /// The kit can hold a run only where it returns `Pending`: when a unit reports
+    /// twice with no `Pending` between (I/O that completed before it was awaited),
+    /// both count, and a point at the first of them holds the run after the second.
     Reports(u32),
     /// At the first run of this unit in its task: the moment the pipeline switches to
     /// it (unit 0: the start of a task). The run is held before it is first polled.

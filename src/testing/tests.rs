@@ -672,3 +672,82 @@ fn a_schedule_that_hangs_in_real_time_is_reported_without_shrinking() {
         "schedules ran after one hung: each shrink step waits out the real-time limit"
     );
 }
+
+/// Reports twice per step (rows read, then rows written) and yields once: two
+/// reports the kit sees at one `Pending`. Records the progress it had when it first
+/// saw its cancellation.
+struct ReportsTwice {
+    done: Arc<Mutex<u64>>,
+    cancelled_at: Arc<Mutex<Option<u64>>>,
+}
+
+impl Unit for ReportsTwice {
+    fn name(&self) -> &str {
+        "twice"
+    }
+
+    async fn run(&mut self, ctx: RunContext) -> Result<RunExit, RunError> {
+        loop {
+            let done = *lock(&self.done);
+            if ctx.is_cancelled() {
+                lock(&self.cancelled_at).get_or_insert(done);
+                return Ok(RunExit::Cancelled);
+            }
+            if done == 10 {
+                return Ok(RunExit::Completed);
+            }
+            ctx.report_progress(done + 1, Some(10));
+            ctx.report_progress(done + 2, Some(10));
+            *lock(&self.done) = done + 2;
+            tokio::task::yield_now().await;
+        }
+    }
+}
+
+struct Twice {
+    done: Arc<Mutex<u64>>,
+    cancelled_at: Arc<Mutex<Option<u64>>>,
+}
+
+impl Subject for Twice {
+    type Config = ();
+
+    fn task(&mut self, watch: &Watch) -> TaskBuilder {
+        Task::builder("twice").unit(watch.unit(ReportsTwice {
+            done: Arc::clone(&self.done),
+            cancelled_at: Arc::clone(&self.cancelled_at),
+        }))
+    }
+
+    fn update(&mut self, _n: u32) {}
+
+    fn check(&mut self, _end: &End) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+#[test]
+fn every_report_counts_even_two_with_no_pending_between_them() {
+    let cancelled_at = Arc::new(Mutex::new(None));
+    let seen = Arc::clone(&cancelled_at);
+    let runner = Runner::new(move || {
+        Ok::<_, String>(Twice {
+            done: Arc::new(Mutex::new(0)),
+            cancelled_at: Arc::clone(&seen),
+        })
+    });
+    // Reports 1 and 2 come before the first `Pending`, 3 and 4 before the second:
+    // the fourth report is counted there, so the pause finds 4 rows done.
+    let passed = runner
+        .run(&schedule("after 4 reports: pause"))
+        .unwrap_or_else(|f| panic!("{f}"));
+    assert_eq!((passed.end, passed.skipped), (Stage::Finished, 0));
+    assert_eq!(*lock(&cancelled_at), Some(4), "{}", passed.timeline);
+    // Three reports are counted at the second `Pending` too: the run is held at the
+    // first one after the third report, with 4 done.
+    *lock(&cancelled_at) = None;
+    let passed = runner
+        .run(&schedule("after 3 reports: pause"))
+        .unwrap_or_else(|f| panic!("{f}"));
+    assert_eq!(*lock(&cancelled_at), Some(4), "{}", passed.timeline);
+}
