@@ -144,7 +144,12 @@ async fn claim_run_pause_resume_and_stop_across_the_cluster() {
     let started = Instant::now();
     let paused = controller.pause_within("orders", WAIT).await.unwrap();
     eprintln!("pause answered in {:?}", started.elapsed());
-    assert_eq!(paused.stage, Stage::Paused);
+    // Paused, or New when the owner built its task again before answering (as
+    // `pause_within` documents): either way no run is alive, checked below.
+    assert!(
+        matches!(paused.stage, Stage::Paused | Stage::New),
+        "{paused:?}"
+    );
     assert_eq!(paused.owner, owner, "the task moved during a pause");
     assert_eq!(
         alive(&shared, "orders"),

@@ -634,6 +634,8 @@ async fn the_event_streams_need_a_token_like_every_other_route() {
 async fn an_open_api_lets_no_page_of_another_origin_command_or_read() {
     use tower::ServiceExt;
     let (f, lives, _) = fixture(&["a"], &[], None).await;
+    // Running is published once the run is launched; its code starts a moment later.
+    lives[0].reaches(1).await;
     let router = Api::local(&f.tasks).auth(Auth::open()).router();
     let seq = handle(&f, "a").snapshot().seq;
     let own = [("host", "127.0.0.1:8080")];
