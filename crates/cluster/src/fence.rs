@@ -55,8 +55,6 @@ pub struct Fencer {
     rejected: Arc<AtomicBool>,
     wake: Wake,
     timeout: Duration,
-    /// Test-only: writes without the compares (`WorkerBuilder::unfenced_for_tests`).
-    unfenced: bool,
 }
 
 impl std::fmt::Debug for Fencer {
@@ -75,7 +73,6 @@ impl Fencer {
         token: FenceToken,
         wake: Wake,
         timeout: Duration,
-        unfenced: bool,
     ) -> Self {
         Fencer {
             coord,
@@ -84,7 +81,6 @@ impl Fencer {
             rejected: Arc::new(AtomicBool::new(false)),
             wake,
             timeout,
-            unfenced,
         }
     }
 
@@ -155,12 +151,10 @@ impl Fencer {
     /// Applies `ops` only if the token still owns the task; returns the revision
     /// of the write.
     pub(crate) async fn fenced(&self, ops: Vec<Op>) -> Result<i64, ClusterError> {
-        let when = if self.unfenced {
-            Vec::new()
-        } else {
-            self.token.compares(&self.keys)
+        let txn = Txn {
+            when: self.token.compares(&self.keys),
+            then: ops,
         };
-        let txn = Txn { when, then: ops };
         let result = within(self.timeout, "fenced write", self.coord.txn(txn)).await?;
         if result.succeeded {
             Ok(result.revision)
@@ -219,7 +213,6 @@ mod tests {
             token,
             mpsc::unbounded_channel().0,
             Duration::from_secs(5),
-            false,
         )
     }
 

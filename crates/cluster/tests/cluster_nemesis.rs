@@ -25,7 +25,8 @@
 //! checker (`cluster_support::history`, rules 1–8). A run prints its counts last
 //! (`nemesis summary …`).
 //!
-//! The control: the same nemesis with the workers' hidden unfenced switch, freezes
+//! The control: the same nemesis with the workers on an unfenced store
+//! (`taskstage_harness::cluster::unfenced`), freezes
 //! and cuts only, until the checker has caught two runs alive at once and a write
 //! applied under another owner's key (or 30 s): it must fail.
 //!

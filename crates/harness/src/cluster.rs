@@ -16,6 +16,7 @@ pub mod firewall;
 pub mod history;
 pub mod overload;
 pub mod process;
+pub mod unfenced;
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{Read, Write};

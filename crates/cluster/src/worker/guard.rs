@@ -57,13 +57,7 @@ pub(super) fn spawn_stop(inner: &Inner, task: TaskId, handle: Handle) -> JoinHan
 /// The lease state the reconcile loop decides with now.
 pub(super) fn lease_now(inner: &Inner, lease_rx: &mut watch::Receiver<LeaseState>) -> LeaseState {
     let lease = *lease_rx.borrow_and_update();
-    if inner.unfenced {
-        // Test-only: a lease that never ends, whatever the store says.
-        LeaseState {
-            stop_at: Some(u64::MAX),
-            exit_at: u64::MAX,
-        }
-    } else if inner.history.replaced().is_some() {
+    if inner.history.replaced().is_some() {
         // The store's history was replaced: treated like a lost lease.
         LeaseState {
             stop_at: None,

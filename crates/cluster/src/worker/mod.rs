@@ -135,7 +135,6 @@ pub struct WorkerBuilder {
     max_in_flight: usize,
     resync: Duration,
     op_timeout: Duration,
-    unfenced: bool,
     lease_keeping: LeaseKeeping,
     overrun: OverrunPolicy,
     overrun_margin: Option<Duration>,
@@ -263,17 +262,6 @@ impl WorkerBuilder {
 
     fn margin(&self) -> Duration {
         self.overrun_margin.unwrap_or(self.stop_bound / 4)
-    }
-
-    /// **Breaks the crate's promise; for tests of the checks only.** The worker
-    /// skips self-fencing (it ignores its lease deadline, a lost lease and a key
-    /// taken by another worker) and fencing (its writes carry no compare). The
-    /// fault tests use it to show that their history checker catches what the
-    /// fences prevent.
-    #[doc(hidden)]
-    pub fn unfenced_for_tests(mut self, unfenced: bool) -> Self {
-        self.unfenced = unfenced;
-        self
     }
 
     /// The keep-alive period: a third of the time a lease is trusted for.
@@ -438,7 +426,6 @@ impl WorkerBuilder {
             resync: self.resync,
             op_timeout,
             grace: self.stop_bound / 2,
-            unfenced: self.unfenced,
             overrun: self.overrun,
             factory: Box::new(factory),
             wake,
@@ -507,8 +494,8 @@ fn stop_on_a_replaced_history(inner: &Arc<Inner>, history: &History) {
     });
 }
 
-/// Starts the lease thread: the session that keeps the lease and, unless
-/// unfenced, the guard that ends what outlives it.
+/// Starts the lease thread: the session that keeps the lease and the guard that
+/// ends what outlives it.
 fn start_keeper(
     inner: &Arc<Inner>,
     prepared: keeper::Prepared,
@@ -518,16 +505,11 @@ fn start_keeper(
     shutdown: &CancellationToken,
 ) -> Result<Keeper, ClusterError> {
     let session = Session::run(Arc::clone(inner), control_coord, timing, shutdown.clone());
-    let guard = (!inner.unfenced)
-        .then(|| guard::guard(Arc::clone(inner), lease_rx.clone(), shutdown.clone()));
+    let guard = guard::guard(Arc::clone(inner), lease_rx.clone(), shutdown.clone());
     Keeper::start(
         prepared,
         format!("taskstage-lease-{}", inner.id),
-        keeper::both(session, async move {
-            if let Some(guard) = guard {
-                guard.await;
-            }
-        }),
+        keeper::both(session, guard),
     )
 }
 
@@ -555,8 +537,6 @@ struct Inner {
     resync: Duration,
     op_timeout: Duration,
     grace: Duration,
-    /// Test-only: no self-fencing, no fencing ([`WorkerBuilder::unfenced_for_tests`]).
-    unfenced: bool,
     overrun: OverrunPolicy,
     factory: Box<Factory>,
     /// Names a task the reconcile loop must decide about again (a local stage
@@ -622,7 +602,6 @@ impl Inner {
             token,
             self.wake.clone(),
             self.op_timeout,
-            self.unfenced,
         )
     }
 
@@ -702,7 +681,6 @@ impl Worker {
             max_in_flight: 64,
             resync: Duration::from_secs(5),
             op_timeout: Duration::from_secs(1),
-            unfenced: false,
             lease_keeping: LeaseKeeping::default(),
             overrun: OverrunPolicy::default(),
             overrun_margin: None,

@@ -18,7 +18,8 @@
 //!   then): the process appends to `worker-{id}-{pid}.history` there (see
 //!   [`super::history`]) and writes a line `joined {lease:x}` to
 //!   `worker-{id}-{pid}.joins` at each join;
-//! - optional: `{env}_UNFENCED` (`1` turns on the worker's hidden unfenced switch),
+//! - optional: `{env}_UNFENCED` (`1`: the worker runs on an [`Unfenced`] store, which
+//!   takes its fences away),
 //!   `{env}_CAPACITY`, `{env}_WRITE_MS` (a probe's write period), `{env}_BLOCK`
 //!   (`{every ms},{span ms}`: the probes block the runtime's threads, see
 //!   [`super::overload::Blocker`]), `{env}_STALL` (`1`: once a file `{id}.stall`
@@ -33,6 +34,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::unfenced::{Unfenced, BELIEVED_TTL};
 use taskstage::{RunContext, RunError, RunExit, Task, TaskBuilder, Unit};
 use taskstage_cluster::{
     ClusterError, EtcdCoordinator, EtcdOptions, FactoryError, FenceToken, Fencer, TaskSpec, Worker,
@@ -252,11 +254,18 @@ pub fn worker_process(kind: &WorkerKind) {
                         continue;
                     }
                 };
-            let mut builder = Worker::builder(coord, prefix.clone(), id.clone())
-                .ttl(ttl)
-                .stop_bound(STOP_BOUND)
-                .resync(RESYNC)
-                .unfenced_for_tests(unfenced);
+            let mut builder = if unfenced {
+                Worker::builder(
+                    Unfenced::new(Arc::new(coord), ttl),
+                    prefix.clone(),
+                    id.clone(),
+                )
+                .ttl(BELIEVED_TTL)
+            } else {
+                Worker::builder(coord, prefix.clone(), id.clone()).ttl(ttl)
+            }
+            .stop_bound(STOP_BOUND)
+            .resync(RESYNC);
             if let Some(capacity) = capacity {
                 builder = builder.capacity(capacity);
             }

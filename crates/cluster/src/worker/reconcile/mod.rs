@@ -190,7 +190,6 @@ pub(super) async fn reconcile(
         }
         let deadline = lease
             .stop_at
-            .filter(|_| !inner.unfenced)
             .map(|ms| inner.at(ms))
             .filter(|at| *at > Instant::now());
         let retry_at = state.retry.first().map(|(at, _)| *at);
@@ -520,17 +519,10 @@ impl Reconciler {
         let running_ref = self.slots.get(task).and_then(|s| s.task.as_ref());
         let known = Known {
             desired,
-            owner: match owner_kv {
-                // Test-only: a task once held stays "mine", whoever holds the key now.
-                _ if inner.unfenced && slot_rev.is_some() => slot_rev.map(|rev| OwnerKey {
-                    create_revision: rev,
-                    ours: true,
-                }),
-                kv => kv.map(|kv| OwnerKey {
-                    create_revision: kv.create_revision,
-                    ours: kv.value == inner.owner_value.as_bytes(),
-                }),
-            },
+            owner: owner_kv.map(|kv| OwnerKey {
+                create_revision: kv.create_revision,
+                ours: kv.value == inner.owner_value.as_bytes(),
+            }),
             observed: record.and_then(|r| observed_key(r, &inner.id)),
             slot_token: slot_rev,
             refused: dead,
