@@ -118,6 +118,15 @@ impl Error {
             Error::Timeout { .. } => ErrorKind::Timeout,
         }
     }
+
+    /// Its name in the error vocabulary: [`ErrorCode::Refused`] or
+    /// [`ErrorCode::Timeout`].
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            Error::Refused { .. } => ErrorCode::Refused,
+            Error::Timeout { .. } => ErrorCode::Timeout,
+        }
+    }
 }
 
 /// Which kind of [`Error`] it is: see [`Error::kind`].
@@ -128,6 +137,150 @@ pub enum ErrorKind {
     Refused(Refusal),
     /// The command was accepted, but its wait ended before the run returned.
     Timeout,
+}
+
+/// The machine-readable name of an error: one vocabulary, defined here, that the
+/// HTTP API answers as `error_code` and the command line prints as `error_code` in
+/// its JSON errors, so a script reads one name per kind of failure whichever
+/// door it came through.
+///
+/// Each code is one kind of failure a caller can act on; the message beside it
+/// says which input, which stage, which key. Not every layer answers every code:
+/// the core's own errors map to two of them ([`Error::code`]).
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use taskstage::{Command, Error, ErrorCode, Stage};
+///
+/// let timeout = Error::Timeout { command: Command::Pause, stage: Stage::Pausing, waited: Duration::from_secs(3) };
+/// assert_eq!(timeout.code(), ErrorCode::Timeout);
+/// assert_eq!(ErrorCode::Timeout.as_str(), "timeout");
+/// assert_eq!(ErrorCode::from_name("unknown_task"), Some(ErrorCode::UnknownTask));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorCode {
+    /// The input is malformed: a usage error, an invalid id, prefix or stage
+    /// name, a body that does not parse, a spec file that cannot be read.
+    BadRequest,
+    /// No task of that id exists.
+    UnknownTask,
+    /// No worker of that id is a member.
+    UnknownWorker,
+    /// A task of that id exists already.
+    Exists,
+    /// The task's stage refuses the command (a stopped task is final); nothing
+    /// changed.
+    Refused,
+    /// A stop's run has returned, but the task's stage has not been published
+    /// yet; asking again succeeds.
+    StillSettling,
+    /// Another controller changed the task between the read and the write.
+    Conflict,
+    /// The command was accepted, and its wait ended before the work answered it.
+    Timeout,
+    /// The store could not be reached; nothing was written.
+    Unreachable,
+    /// The input is over a documented limit.
+    TooLarge,
+    /// No credentials, or wrong ones.
+    Unauthorized,
+    /// The credentials do not allow the command.
+    Forbidden,
+    /// A request from a page of another origin, which a browser would let any
+    /// web page send.
+    CrossOrigin,
+    /// A request for another host name than the server's (a rebound name).
+    ForbiddenHost,
+    /// No such route.
+    NotFound,
+    /// The route exists, with other methods.
+    MethodNotAllowed,
+    /// A body of a type the route does not take.
+    UnsupportedMediaType,
+    /// The server was built without what the route needs.
+    NotAvailable,
+    /// The server cannot listen on the address asked for.
+    CannotListen,
+    /// A server that would be open to every caller, started without a token.
+    NoToken,
+    /// The output could not be written.
+    Output,
+    /// A failure the caller cannot fix: a bug, or a store that holds what no
+    /// version of the crate wrote.
+    Internal,
+}
+
+impl ErrorCode {
+    /// Every code, in the order they are declared.
+    pub const ALL: [ErrorCode; 22] = [
+        ErrorCode::BadRequest,
+        ErrorCode::UnknownTask,
+        ErrorCode::UnknownWorker,
+        ErrorCode::Exists,
+        ErrorCode::Refused,
+        ErrorCode::StillSettling,
+        ErrorCode::Conflict,
+        ErrorCode::Timeout,
+        ErrorCode::Unreachable,
+        ErrorCode::TooLarge,
+        ErrorCode::Unauthorized,
+        ErrorCode::Forbidden,
+        ErrorCode::CrossOrigin,
+        ErrorCode::ForbiddenHost,
+        ErrorCode::NotFound,
+        ErrorCode::MethodNotAllowed,
+        ErrorCode::UnsupportedMediaType,
+        ErrorCode::NotAvailable,
+        ErrorCode::CannotListen,
+        ErrorCode::NoToken,
+        ErrorCode::Output,
+        ErrorCode::Internal,
+    ];
+
+    /// The code as it goes on the wire: lower case, words joined by `_`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::BadRequest => "bad_request",
+            ErrorCode::UnknownTask => "unknown_task",
+            ErrorCode::UnknownWorker => "unknown_worker",
+            ErrorCode::Exists => "exists",
+            ErrorCode::Refused => "refused",
+            ErrorCode::StillSettling => "still_settling",
+            ErrorCode::Conflict => "conflict",
+            ErrorCode::Timeout => "timeout",
+            ErrorCode::Unreachable => "unreachable",
+            ErrorCode::TooLarge => "too_large",
+            ErrorCode::Unauthorized => "unauthorized",
+            ErrorCode::Forbidden => "forbidden",
+            ErrorCode::CrossOrigin => "cross_origin",
+            ErrorCode::ForbiddenHost => "forbidden_host",
+            ErrorCode::NotFound => "not_found",
+            ErrorCode::MethodNotAllowed => "method_not_allowed",
+            ErrorCode::UnsupportedMediaType => "unsupported_media_type",
+            ErrorCode::NotAvailable => "not_available",
+            ErrorCode::CannotListen => "cannot_listen",
+            ErrorCode::NoToken => "no_token",
+            ErrorCode::Output => "output",
+            ErrorCode::Internal => "internal",
+        }
+    }
+
+    /// The code named `name` on the wire; `None` for a name this version does not
+    /// know (a newer server's, perhaps).
+    pub fn from_name(name: &str) -> Option<ErrorCode> {
+        ErrorCode::ALL
+            .into_iter()
+            .find(|code| code.as_str() == name)
+    }
+}
+
+impl fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// An error a task cannot be built from.
@@ -341,5 +494,29 @@ impl fmt::Debug for RunError {
 impl fmt::Display for RunError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Display::fmt(&self.inner, f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ErrorCode;
+
+    #[test]
+    fn every_code_has_one_name_of_its_own_that_reads_back() {
+        let mut names: Vec<&str> = ErrorCode::ALL.iter().map(|c| c.as_str()).collect();
+        for code in ErrorCode::ALL {
+            assert_eq!(ErrorCode::from_name(code.as_str()), Some(code), "{code:?}");
+            assert_eq!(code.to_string(), code.as_str());
+            assert!(
+                code.as_str()
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c == '_'),
+                "{code:?}"
+            );
+        }
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), ErrorCode::ALL.len(), "two codes share a name");
+        assert_eq!(ErrorCode::from_name("no_such_task"), None);
     }
 }

@@ -152,7 +152,7 @@ pub mod testing;
 #[cfg(not(taskstage_loom))]
 pub mod typestate;
 
-pub use error::{BuildError, Error, ErrorKind, Refusal, RunError};
+pub use error::{BuildError, Error, ErrorCode, ErrorKind, Refusal, RunError};
 pub use outcome::Outcome;
 #[cfg(not(taskstage_loom))]
 pub use runtime::{

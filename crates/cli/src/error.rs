@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
+use taskstage::ErrorCode;
 use taskstage_cluster::ClusterError;
 
 /// Exit code: a command was refused or timed out.
@@ -320,29 +321,27 @@ impl CliError {
         }
     }
 
-    /// A short stable name of the kind of error, for scripts.
-    pub(crate) fn kind(&self) -> &'static str {
+    /// Its name in the library's error vocabulary (the HTTP API answers the same
+    /// names), for scripts.
+    pub(crate) fn kind(&self) -> ErrorCode {
         match self {
-            CliError::Usage { .. } => "usage",
-            CliError::Listen { .. } => "cannot_listen",
-            CliError::Token { .. } => "no_token",
-            CliError::InvalidPrefix { .. } => "invalid_prefix",
-            CliError::InvalidTask { .. } => "invalid_task_id",
-            CliError::UnknownStage { .. } => "unknown_stage",
-            CliError::NoSuchTask { .. } => "no_such_task",
-            CliError::InvalidWorker { .. } => "invalid_worker_id",
-            CliError::NoSuchWorker { .. } => "no_such_worker",
-            CliError::NotDrained { .. } => "timeout",
-            CliError::NoTasks { .. } => "no_tasks",
-            CliError::SpecFile { .. } => "spec_file",
-            CliError::Unreachable { .. } => "unreachable",
-            CliError::Stopped { .. } => "stopped",
-            CliError::Exists { .. } => "exists",
-            CliError::Conflict { .. } => "conflict",
-            CliError::NotAnswered { .. } => "timeout",
-            CliError::Other { .. } => "store",
-            CliError::Internal { .. } => "internal",
-            CliError::Output { .. } => "output",
+            CliError::Usage { .. }
+            | CliError::InvalidPrefix { .. }
+            | CliError::InvalidTask { .. }
+            | CliError::UnknownStage { .. }
+            | CliError::InvalidWorker { .. }
+            | CliError::SpecFile { .. } => ErrorCode::BadRequest,
+            CliError::Listen { .. } => ErrorCode::CannotListen,
+            CliError::Token { .. } => ErrorCode::NoToken,
+            CliError::NoSuchTask { .. } | CliError::NoTasks { .. } => ErrorCode::UnknownTask,
+            CliError::NoSuchWorker { .. } => ErrorCode::UnknownWorker,
+            CliError::NotDrained { .. } | CliError::NotAnswered { .. } => ErrorCode::Timeout,
+            CliError::Unreachable { .. } => ErrorCode::Unreachable,
+            CliError::Stopped { .. } => ErrorCode::Refused,
+            CliError::Exists { .. } => ErrorCode::Exists,
+            CliError::Conflict { .. } => ErrorCode::Conflict,
+            CliError::Other { .. } | CliError::Internal { .. } => ErrorCode::Internal,
+            CliError::Output { .. } => ErrorCode::Output,
         }
     }
 
@@ -464,12 +463,12 @@ impl CliError {
     /// The error as one JSON object.
     pub(crate) fn json(&self) -> Value {
         json!({
-            "error": self.kind(),
+            "error_code": self.kind().as_str(),
+            "error_msg": self.to_string(),
             "exit_code": self.code(),
             "task": self.task(),
             "stage": self.stage(),
             "owner": self.owner(),
-            "message": self.to_string(),
             "hint": self.hint(),
         })
     }
@@ -536,7 +535,7 @@ mod tests {
         assert!(matches!(error, CliError::Conflict { .. }), "{error:?}");
         assert_eq!(exit_code(std::slice::from_ref(&error)), REFUSED);
         let json = error.json();
-        assert_eq!(json["error"], "conflict");
+        assert_eq!(json["error_code"], "conflict");
         assert_eq!(json["exit_code"], 1);
     }
 
@@ -558,9 +557,30 @@ mod tests {
              stage stays Paused"
         );
         let json = error.json();
-        assert_eq!(json["error"], "timeout");
+        assert_eq!(json["error_code"], "timeout");
         assert_eq!(json["stage"], "Pausing");
         assert_eq!(json["owner"], "w1");
         assert_eq!(json["exit_code"], 1);
+    }
+
+    #[test]
+    fn an_unknown_task_has_the_http_apis_name_and_shape() {
+        let error = CliError::NoSuchTask {
+            command: "pause",
+            task: "refunds".into(),
+            prefix: "app".into(),
+        };
+        let json = error.json();
+        assert_eq!(json["error_code"], "unknown_task");
+        assert_eq!(
+            ErrorCode::from_name(json["error_code"].as_str().unwrap_or_default()),
+            Some(ErrorCode::UnknownTask)
+        );
+        assert_eq!(
+            json["error_msg"],
+            "pause: task refunds does not exist under prefix app"
+        );
+        assert_eq!(json["task"], "refunds");
+        assert_eq!(json["exit_code"], 2);
     }
 }

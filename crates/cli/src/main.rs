@@ -510,7 +510,7 @@ fn act_json(command: &str, task: &str, answer: &Answer) -> Value {
             "waited_ms": null,
         }),
         Answer::Failed(e) => json!({
-            "task": task, "command": command, "result": e.kind(), "stage": e.stage(),
+            "task": task, "command": command, "result": e.kind().as_str(), "stage": e.stage(),
             "owner": e.owner(), "generation": null, "outcome": null, "failure": null,
             "waited_ms": null,
         }),

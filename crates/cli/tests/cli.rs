@@ -487,7 +487,7 @@ fn the_command_drives_real_workers_and_bad_input_changes_nothing() {
     assert_eq!(ran.code, 2);
     let errors = ran.json_errors();
     assert_eq!(errors.len(), 1, "{ran:?}");
-    assert_eq!(errors[0]["error"], "invalid_task_id");
+    assert_eq!(errors[0]["error_code"], "bad_request");
     assert_eq!(errors[0]["task"], "a/b");
     assert_eq!(errors[0]["exit_code"], 2);
     // An unreachable store: exit 3, nothing written.
@@ -496,7 +496,7 @@ fn the_command_drives_real_workers_and_bad_input_changes_nothing() {
     assert_error(&ran, 3, &["etcd unreachable", &dead, "--endpoints"]);
     let ran = taskstage_at(&dead, &["list", "--output", "json"]);
     assert_eq!(ran.code, 3);
-    assert_eq!(ran.json_errors()[0]["error"], "unreachable");
+    assert_eq!(ran.json_errors()[0]["error_code"], "unreachable");
     assert_eq!(setup.listing(), before, "bad input changed something");
     assert_eq!(setup.status("t2").desired.name(), "Running");
 
@@ -657,7 +657,7 @@ fn a_pause_that_a_stubborn_unit_cannot_answer_times_out_and_names_it() {
     assert_eq!(entry(&answers, "stuck")["result"], "timeout");
     let errors = ran.json_errors();
     assert_eq!(errors.len(), 1, "only the stuck task failed: {ran:?}");
-    assert_eq!(errors[0]["error"], "timeout");
+    assert_eq!(errors[0]["error_code"], "timeout");
     assert_eq!(errors[0]["task"], "stuck");
     assert_eq!(errors[0]["owner"], "w1");
     assert_eq!(errors[0]["stage"], "Pausing");
@@ -778,9 +778,9 @@ fn completions_and_help_need_no_cluster() {
         assert_eq!(ran.code, 2, "{ran:?}");
         let errors = ran.json_errors();
         assert_eq!(errors.len(), 1, "{ran:?}");
-        assert_eq!(errors[0]["error"], "usage");
+        assert_eq!(errors[0]["error_code"], "bad_request");
         assert_eq!(errors[0]["exit_code"], 2);
-        assert!(errors[0]["message"]
+        assert!(errors[0]["error_msg"]
             .as_str()
             .is_some_and(|m| m.contains("frobnicate")));
     }

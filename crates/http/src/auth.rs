@@ -1,6 +1,7 @@
 //! Bearer tokens with two scopes, compared in constant time.
 
 use std::fmt;
+use taskstage::ErrorCode;
 
 use axum::http::{header, HeaderMap, Method};
 
@@ -93,8 +94,13 @@ impl Auth {
         if self.open {
             return Ok(Scope::Admin);
         }
-        let unauthorized =
-            |msg: &str| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", msg.to_owned());
+        let unauthorized = |msg: &str| {
+            ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                ErrorCode::Unauthorized,
+                msg.to_owned(),
+            )
+        };
         let value = headers
             .get(header::AUTHORIZATION)
             .ok_or_else(|| unauthorized("no bearer token: send Authorization: Bearer <token>"))?;
@@ -123,7 +129,7 @@ impl Auth {
         if scope < needs {
             return Err(ApiError::new(
                 StatusCode::FORBIDDEN,
-                "forbidden",
+                ErrorCode::Forbidden,
                 format!(
                     "a {} token may not {method}: it needs an admin token",
                     scope.name()

@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
 use std::time::Duration;
+use taskstage::ErrorCode;
 
 use axum::http::StatusCode;
 use serde_json::{json, Value};
@@ -94,7 +95,7 @@ impl ClusterSource {
         let _ = ready;
         Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
-            "unavailable",
+            ErrorCode::Unreachable,
             why,
         ))
     }
@@ -225,20 +226,26 @@ fn map_error(error: ClusterError, id: &str, command: &'static str) -> ApiError {
         ClusterError::InvalidTaskId { .. } | ClusterError::NoSuchTask { .. } => {
             return ApiError::unknown_task(id).command(command)
         }
-        ClusterError::Stopped { .. } => ApiError::new(StatusCode::CONFLICT, "refused", msg)
-            .stage(Some(taskstage::Stage::Stopped)),
-        ClusterError::Conflict { .. } => ApiError::new(StatusCode::CONFLICT, "conflict", msg),
-        ClusterError::TaskExists { .. } => ApiError::new(StatusCode::CONFLICT, "exists", msg),
+        ClusterError::Stopped { .. } => {
+            ApiError::new(StatusCode::CONFLICT, ErrorCode::Refused, msg)
+                .stage(Some(taskstage::Stage::Stopped))
+        }
+        ClusterError::Conflict { .. } => {
+            ApiError::new(StatusCode::CONFLICT, ErrorCode::Conflict, msg)
+        }
+        ClusterError::TaskExists { .. } => {
+            ApiError::new(StatusCode::CONFLICT, ErrorCode::Exists, msg)
+        }
         // Bad input, as a body over the API's own limit is: the limit is the store's.
         ClusterError::SpecTooLarge { .. } => {
-            ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", msg)
+            ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, ErrorCode::TooLarge, msg)
         }
         ClusterError::Unreachable { .. }
         | ClusterError::Store { .. }
         | ClusterError::HistoryReplaced { .. } => {
-            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", msg)
+            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, ErrorCode::Unreachable, msg)
         }
-        _ => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", msg),
+        _ => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, ErrorCode::Internal, msg),
     };
     e.command(command).task(id)
 }
@@ -247,7 +254,7 @@ fn map_worker_error(error: ClusterError, id: &str) -> ApiError {
     match error {
         ClusterError::InvalidWorkerId { .. } | ClusterError::NoSuchWorker { .. } => ApiError::new(
             StatusCode::NOT_FOUND,
-            "unknown_worker",
+            ErrorCode::UnknownWorker,
             format!("worker {id:?} is not a member"),
         )
         .command("drain"),

@@ -1,16 +1,17 @@
-//! The one error shape of the API: `{error_code, error_msg, command, task, stage}`.
+//! The one error shape of the API: `{error_code, error_msg, command, task, stage}`,
+//! its `error_code` one of the library's [`ErrorCode`]s.
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
-use taskstage::Stage;
+use taskstage::{ErrorCode, Stage};
 
 /// An answer that is not a success: its status and the JSON body that explains it.
 #[derive(Debug, Clone)]
 pub(crate) struct ApiError {
     pub(crate) status: StatusCode,
-    pub(crate) code: &'static str,
+    pub(crate) code: ErrorCode,
     pub(crate) msg: String,
     pub(crate) command: Option<&'static str>,
     pub(crate) task: Option<String>,
@@ -18,7 +19,7 @@ pub(crate) struct ApiError {
 }
 
 impl ApiError {
-    pub(crate) fn new(status: StatusCode, code: &'static str, msg: impl Into<String>) -> Self {
+    pub(crate) fn new(status: StatusCode, code: ErrorCode, msg: impl Into<String>) -> Self {
         ApiError {
             status,
             code,
@@ -45,25 +46,29 @@ impl ApiError {
     }
 
     pub(crate) fn bad_request(msg: impl Into<String>) -> Self {
-        ApiError::new(StatusCode::BAD_REQUEST, "bad_request", msg)
+        ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::BadRequest, msg)
     }
 
     pub(crate) fn unknown_task(task: &str) -> Self {
         ApiError::new(
             StatusCode::NOT_FOUND,
-            "unknown_task",
+            ErrorCode::UnknownTask,
             format!("task {task:?} does not exist"),
         )
         .task(task)
     }
 
     pub(crate) fn not_available(what: &str) -> Self {
-        ApiError::new(StatusCode::NOT_FOUND, "not_available", what.to_owned())
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            ErrorCode::NotAvailable,
+            what.to_owned(),
+        )
     }
 
     pub(crate) fn body(&self) -> Value {
         json!({
-            "error_code": self.code,
+            "error_code": self.code.as_str(),
             "error_msg": self.msg,
             "command": self.command,
             "task": self.task,

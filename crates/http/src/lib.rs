@@ -73,6 +73,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use taskstage::ErrorCode;
 
 use axum::Router;
 use serde_json::{json, Value};
@@ -199,7 +200,7 @@ pub(crate) trait Source: Send + Sync + 'static {
         Box::pin(async {
             Err(ApiError::new(
                 axum::http::StatusCode::METHOD_NOT_ALLOWED,
-                "not_available",
+                ErrorCode::NotAvailable,
                 "create is available for a cluster only: this API serves one process's tasks",
             )
             .command("create"))

@@ -5,6 +5,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
+use taskstage::ErrorCode;
 
 use axum::http::StatusCode;
 use serde_json::Value;
@@ -402,7 +403,7 @@ fn answer<C: Send + Sync + 'static>(entry: &Entry<C>, cmd: Cmd, stage: Stage) ->
 fn refused(cmd: Cmd, id: &str, error: &Error) -> ApiError {
     ApiError::new(
         StatusCode::CONFLICT,
-        "refused",
+        ErrorCode::Refused,
         format!("{} of task {id}: {error}", cmd.name()),
     )
     .command(cmd.name())
@@ -463,7 +464,7 @@ impl<C: Send + Sync + 'static> Source for LocalTasks<C> {
                 // Every handle is gone: the task was stopped by its owner's drop.
                 return Err(ApiError::new(
                     StatusCode::CONFLICT,
-                    "refused",
+                    ErrorCode::Refused,
                     format!(
                         "{} of task {id} refused: the application dropped the task (stage {})",
                         cmd.name(),
@@ -509,7 +510,7 @@ impl<C: Send + Sync + 'static> Source for LocalTasks<C> {
                             let stage = handle.stage();
                             return Err(ApiError::new(
                                 StatusCode::CONFLICT,
-                                "still_settling",
+                                ErrorCode::StillSettling,
                                 format!(
                                     "resume of task {id} not issued: the task was still {stage} when the wait ran out"
                                 ),

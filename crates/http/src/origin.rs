@@ -20,6 +20,7 @@
 //! application/json`, which no form can send) is in the route itself.
 
 use axum::http::{header, HeaderMap, Method, StatusCode};
+use taskstage::ErrorCode;
 
 use super::error::ApiError;
 
@@ -52,7 +53,7 @@ impl Browsers {
                 if !is_loopback_host(host) && !self.allows_host(host) {
                     return Err(ApiError::new(
                         StatusCode::FORBIDDEN,
-                        "forbidden_host",
+                        ErrorCode::ForbiddenHost,
                         format!(
                             "this server needs no token, so it answers only to a loopback host name, not {host:?}: open it as 127.0.0.1 or localhost, or allow the origin"
                         ),
@@ -63,7 +64,7 @@ impl Browsers {
         if matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS) {
             return Ok(());
         }
-        let cross = |why: String| ApiError::new(StatusCode::FORBIDDEN, "cross_origin", why);
+        let cross = |why: String| ApiError::new(StatusCode::FORBIDDEN, ErrorCode::CrossOrigin, why);
         match text(headers, header::ORIGIN.as_str()).map(str::to_ascii_lowercase) {
             Some(origin) => {
                 let same = host
@@ -195,7 +196,7 @@ mod tests {
                 let err = browsers.check(headers, &post, open).unwrap_err();
                 assert_eq!(
                     (err.status, err.code),
-                    (StatusCode::FORBIDDEN, "cross_origin")
+                    (StatusCode::FORBIDDEN, ErrorCode::CrossOrigin)
                 );
             }
             // A read is the browser's to guard (no CORS header is ever sent).
@@ -225,7 +226,7 @@ mod tests {
         let err = browsers.check(&rebound, &Method::GET, true).unwrap_err();
         assert_eq!(
             (err.status, err.code),
-            (StatusCode::FORBIDDEN, "forbidden_host")
+            (StatusCode::FORBIDDEN, ErrorCode::ForbiddenHost)
         );
         // With tokens the token keeps the page out; the name is not checked.
         assert!(browsers.check(&rebound, &Method::GET, false).is_ok());

@@ -5,6 +5,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
+use taskstage::ErrorCode;
 
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, PathRejection};
@@ -125,13 +126,13 @@ async fn authorize(State(shared): St, mut request: Request, next: Next) -> Respo
 }
 
 async fn not_found() -> ApiError {
-    ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route")
+    ApiError::new(StatusCode::NOT_FOUND, ErrorCode::NotFound, "no such route")
 }
 
 async fn method_not_allowed() -> ApiError {
     ApiError::new(
         StatusCode::METHOD_NOT_ALLOWED,
-        "method_not_allowed",
+        ErrorCode::MethodNotAllowed,
         "this route does not take this method",
     )
 }
@@ -380,7 +381,7 @@ async fn create(
     if !json {
         return Err(fail(ApiError::new(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "unsupported_media_type",
+            ErrorCode::UnsupportedMediaType,
             "the body must be sent as Content-Type: application/json",
         )));
     }
@@ -389,7 +390,7 @@ async fn create(
         if status == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::new(
                 status,
-                "too_large",
+                ErrorCode::TooLarge,
                 format!("the body is over the limit of {} bytes", shared.body_limit),
             )
         } else {
