@@ -367,7 +367,9 @@ mod tests {
 
     #[test]
     fn a_duty_cycle_always_ends_with_its_process_thawed() {
-        let sleeper = child("sleep 30");
+        // `exec`: the pid frozen and killed is the sleep itself, not a shell that
+        // would leave it running when killed.
+        let sleeper = child("exec sleep 30");
         let pid = sleeper.pid();
         let ms = Duration::from_millis;
         // Ended early, by the guard's drop, in the middle of a stop.
