@@ -516,9 +516,11 @@ async fn owner_frozen_past_its_lease(unfenced: bool) -> Option<(Verdict, Duratio
             })
             .await;
     } else {
+        // The run the freeze met: the same process, joined again, may be handed
+        // the task back within milliseconds of the drop.
         fleet
             .history_shows(LIVENESS, "the thawed owner's run dropped", |h| {
-                h.alive_runs_of(w1) == 0
+                h.alive_runs_of_started_before(w1, thawed) == 0
             })
             .await;
         // By w2, or by w1 joined again under a new lease, which w2 may hand the
@@ -622,11 +624,15 @@ async fn a_worker_cut_off_from_etcd_stops_its_run_before_another_starts() {
     assert_eq!(cluster.side_ports_answering(), 0, "through the cut");
     hold(&fleet, "t", cut, 3 * TTL).await;
     cluster.heal();
+    let healed = now_ns();
     assert_eq!(cluster.side_ports_answering(), 3, "after the heal");
-    // Its lease is gone: it finds out, and joins again.
+    // Its lease is gone: it finds out, and joins again. The run the cut met: the
+    // same process, joined again, may be handed the task back at once.
     let w1 = fleet.pid("w1");
     fleet
-        .history_shows(LIVENESS, "w1's run dropped", |h| h.alive_runs_of(w1) == 0)
+        .history_shows(LIVENESS, "w1's run dropped", |h| {
+            h.alive_runs_of_started_before(w1, healed) == 0
+        })
         .await;
     // By w2, or by w1 joined again, which w2 may hand the task over to (fair
     // shares): the checker below says whether that was safe.

@@ -871,6 +871,20 @@ impl History {
             .count()
     }
 
+    /// How many runs of process `pid` that started before `before` (ns) are still
+    /// alive: the runs a fault met, whatever the process started since (a worker
+    /// that joined again may be handed the same task back within milliseconds).
+    pub fn alive_runs_of_started_before(&self, pid: u32, before: u64) -> usize {
+        let gone = self.faults.iter().any(|(f, _, p)| f.is_gone() && *p == pid);
+        if gone {
+            return 0;
+        }
+        self.runs
+            .values()
+            .filter(|r| r.pid == pid && r.start < before && r.drop.is_none())
+            .count()
+    }
+
     /// How many writes by `worker` sent at or after `since` were accepted.
     pub fn accepted_writes_since(&self, worker: &str, since: u64) -> usize {
         self.writes
@@ -1200,6 +1214,21 @@ mod tests {
             NONE,
         );
         assert_eq!(v.violations.len(), 1, "{v}");
+    }
+
+    #[test]
+    fn a_run_the_fault_met_is_told_from_one_started_after_it() {
+        // The frozen run dropped at 200; the same process, joined again, was handed
+        // the task back at 210.
+        let lines = [
+            "alive 100 7.1 t w1 1 10",
+            "drop 200 7.1",
+            "alive 210 7.2 t w1 1 20",
+        ];
+        let history = History::from_lines(&lines).expect("history lines");
+        assert_eq!(history.alive_runs_of(7), 1, "the process has a live run");
+        assert_eq!(history.alive_runs_of_started_before(7, 150), 0);
+        assert_eq!(history.alive_runs_of_started_before(7, 300), 1);
     }
 
     #[test]
