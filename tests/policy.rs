@@ -16,8 +16,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use taskstage::policy::{
-    AutoResume, Backoff, BackoffSettings, Jitter, PolicySettingsError, Setting, Standing, TaskId,
-    TaskStatus,
+    AutoResume, Backoff, BackoffSettings, Jitter, Key, PolicySettingsError, Setting, Standing,
+    Status,
 };
 use taskstage::{Handle, RunContext, RunError, RunExit, Stage, Task, Unit};
 use tokio::sync::{mpsc, watch};
@@ -198,9 +198,9 @@ fn gaps(starts: &[Instant]) -> Vec<Duration> {
 
 async fn status_where(
     policy: &AutoResume,
-    id: TaskId,
-    mut predicate: impl FnMut(&TaskStatus) -> bool,
-) -> TaskStatus {
+    id: Key,
+    mut predicate: impl FnMut(&Status) -> bool,
+) -> Status {
     let status = policy.wait_for(id, |status| status.is_some_and(&mut predicate));
     bounded(status, "a policy status")
         .await
@@ -223,7 +223,7 @@ async fn running(task: &Handle, generation: u64) {
 }
 
 /// Waits until the policy has dropped the task's state.
-async fn forgotten(policy: &AutoResume, id: TaskId) {
+async fn forgotten(policy: &AutoResume, id: Key) {
     let status = policy.wait_for(id, |status| status.is_none());
     assert_eq!(bounded(status, "the policy to forget a task").await, None);
 }
@@ -613,7 +613,7 @@ async fn a_resumed_task_that_fails_again_backs_off_further() {
 async fn stopped_finished_and_removed_tasks_lose_their_state() {
     let policy = AutoResume::new(no_jitter(), classify);
     tokio::spawn(policy.run());
-    let backing_off = |s: &TaskStatus| matches!(s.standing, Standing::BackingOff { .. });
+    let backing_off = |s: &Status| matches!(s.standing, Standing::BackingOff { .. });
 
     // Stopped while backing off.
     let (stopped, _p1) = scripted("stopped", &[Failure::Blip]);
@@ -657,7 +657,7 @@ async fn stopped_finished_and_removed_tasks_lose_their_state() {
 async fn the_policy_does_not_keep_a_dropped_task_alive() {
     let policy = AutoResume::new(no_jitter(), classify);
     tokio::spawn(policy.run());
-    let backing_off = |s: &TaskStatus| matches!(s.standing, Standing::BackingOff { .. });
+    let backing_off = |s: &Status| matches!(s.standing, Standing::BackingOff { .. });
     let (task, _probe) = scripted("dropped", &[Failure::Blip, Failure::Blip]);
     let id = policy.add(&task);
     task.resume().await.expect("New resumes");

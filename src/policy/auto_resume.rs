@@ -23,9 +23,9 @@ use crate::sync::{lock, Arc, Mutex};
 /// Keys are never reused within one policy: a task removed and added again gets a
 /// new key, and none of its old state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct TaskId(u64);
+pub struct Key(u64);
 
-impl fmt::Display for TaskId {
+impl fmt::Display for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "#{}", self.0)
     }
@@ -51,7 +51,7 @@ pub enum Standing {
     /// The task is Pausing, Resuming or Stopping; the policy waits for it to settle.
     Changing,
     /// Skipped for now: the task failed with a resumable error and will be resumed
-    /// at `until` (also [`TaskStatus::next_due`]).
+    /// at `until` (also [`Status::next_due`]).
     BackingOff {
         /// When the auto-resume is due.
         until: Instant,
@@ -85,11 +85,11 @@ impl Standing {
 /// The policy's state for one task, as [`AutoResume::status`] reports it.
 ///
 /// It is the policy's view as of its last observation of the task
-/// ([`TaskStatus::observed_at`]); the driver ([`AutoResume::run`]) observes a task at
+/// ([`Status::observed_at`]); the driver ([`AutoResume::run`]) observes a task at
 /// every stage change, when a resume is due, and when a rollback is due.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct TaskStatus {
+pub struct Status {
     /// The task's name.
     pub name: String,
     /// The stage the policy last saw.
@@ -119,7 +119,7 @@ pub struct TaskStatus {
 #[non_exhaustive]
 pub struct Dispatch {
     /// The tasks it resumed.
-    pub resumed: Vec<TaskId>,
+    pub resumed: Vec<Key>,
     /// The earliest instant after the dispatch's `now` at which something is due (an
     /// auto-resume or a rollback), if anything is: the next dispatch should happen
     /// then, or at the next stage change of a watched task, whichever comes first.
@@ -266,7 +266,7 @@ struct Inner<C: Send + Sync + 'static> {
 }
 
 struct State<C: Send + Sync + 'static> {
-    entries: BTreeMap<TaskId, Entry<C>>,
+    entries: BTreeMap<Key, Entry<C>>,
     next_id: u64,
     /// Each task's jitter generator is forked from this one when it is added, so a
     /// seeded policy gives the same delays for the same sequence of additions.
@@ -578,8 +578,8 @@ impl<C: Send + Sync + 'static> Entry<C> {
         }
     }
 
-    fn status(&self, settings: &BackoffSettings) -> TaskStatus {
-        TaskStatus {
+    fn status(&self, settings: &BackoffSettings) -> Status {
+        Status {
             name: self.name.as_str().to_owned(),
             stage: self.stage,
             generation: self.generation,
@@ -609,7 +609,7 @@ fn failed_not_user_paused(snap: &TaskSnapshot) -> Option<&RunError> {
 /// is dropped half-way), dropping the claim makes the failure due again.
 struct Claim<'a, C: Send + Sync + 'static> {
     inner: &'a Inner<C>,
-    id: TaskId,
+    id: Key,
     generation: u64,
     settled: bool,
 }
@@ -639,7 +639,7 @@ impl<C: Send + Sync + 'static> Inner<C> {
 
     /// The watched tasks that still have a handle. A task whose last handle is gone
     /// was stopped by that drop: its state is forgotten here.
-    fn members(&self) -> Vec<(TaskId, Handle<C>)> {
+    fn members(&self) -> Vec<(Key, Handle<C>)> {
         let mut state = lock(&self.state);
         let mut live = Vec::with_capacity(state.entries.len());
         state
@@ -711,7 +711,7 @@ impl<C: Send + Sync + 'static> Inner<C> {
     }
 
     /// Resumes the task whose failure of `generation` is due and claimed.
-    async fn resume(&self, id: TaskId, handle: &Handle<C>, generation: u64) -> bool {
+    async fn resume(&self, id: Key, handle: &Handle<C>, generation: u64) -> bool {
         let mut claim = Claim {
             inner: self,
             id,
@@ -817,7 +817,7 @@ impl<C: Send + Sync + 'static> AutoResume<C> {
     /// now. A task already Stopped or Finished is not kept (its status is `None`).
     /// Adding the same task twice watches it twice, with two independent states;
     /// don't.
-    pub fn add<T: AsRef<Handle<C>>>(&self, task: &T) -> TaskId {
+    pub fn add<T: AsRef<Handle<C>>>(&self, task: &T) -> Key {
         let handle = task.as_ref();
         let inner = self.inner();
         let now = Instant::now();
@@ -825,7 +825,7 @@ impl<C: Send + Sync + 'static> AutoResume<C> {
         let resumable =
             failed_not_user_paused(&snap).map(|error| inner.classify(handle.name(), error));
         let mut state = lock(&inner.state);
-        let id = TaskId(state.next_id);
+        let id = Key(state.next_id);
         state.next_id += 1;
         let rng = state.rng.fork();
         let mut entry = Entry::new(handle, Backoff::with_rng(inner.settings, rng), now);
@@ -856,7 +856,7 @@ impl<C: Send + Sync + 'static> AutoResume<C> {
     /// in a terminal stage, or its last handle is gone).
     ///
     /// Dropping the returned handle stops the task if it is the task's last handle.
-    pub fn remove(&self, id: TaskId) -> Option<Handle<C>> {
+    pub fn remove(&self, id: Key) -> Option<Handle<C>> {
         let inner = self.inner();
         let removed = lock(&inner.state).entries.remove(&id);
         inner.members_changed.notify_one();
@@ -865,7 +865,7 @@ impl<C: Send + Sync + 'static> AutoResume<C> {
     }
 
     /// The keys of the watched tasks, in the order they were added.
-    pub fn tasks(&self) -> Vec<TaskId> {
+    pub fn tasks(&self) -> Vec<Key> {
         lock(&self.inner().state).entries.keys().copied().collect()
     }
 
@@ -882,7 +882,7 @@ impl<C: Send + Sync + 'static> AutoResume<C> {
     /// The policy's state for one task, as of its last observation, or `None` if the
     /// task is not watched (removed, or dropped after it settled in Stopped or
     /// Finished).
-    pub fn status(&self, id: TaskId) -> Option<TaskStatus> {
+    pub fn status(&self, id: Key) -> Option<Status> {
         let inner = self.inner();
         lock(&inner.state)
             .entries
@@ -896,9 +896,9 @@ impl<C: Send + Sync + 'static> AutoResume<C> {
     /// # Cancel safety
     ///
     /// Cancel safe: it only observes.
-    pub async fn wait_for<P>(&self, id: TaskId, mut predicate: P) -> Option<TaskStatus>
+    pub async fn wait_for<P>(&self, id: Key, mut predicate: P) -> Option<Status>
     where
-        P: FnMut(Option<&TaskStatus>) -> bool,
+        P: FnMut(Option<&Status>) -> bool,
     {
         let mut revisions = self.inner().revision.subscribe();
         loop {
@@ -947,10 +947,10 @@ impl<C: Send + Sync + 'static> AutoResume<C> {
 }
 
 async fn drive<C: Send + Sync + 'static>(inner: Arc<Inner<C>>, shutdown: CancellationToken) {
-    let mut watched: BTreeMap<TaskId, watch::Receiver<StageEvent>> = BTreeMap::new();
+    let mut watched: BTreeMap<Key, watch::Receiver<StageEvent>> = BTreeMap::new();
     loop {
         let members = inner.members();
-        let ids: BTreeSet<TaskId> = members.iter().map(|(id, _)| *id).collect();
+        let ids: BTreeSet<Key> = members.iter().map(|(id, _)| *id).collect();
         watched.retain(|id, _| ids.contains(id));
         for (id, handle) in &members {
             watched.entry(*id).or_insert_with(|| handle.subscribe());

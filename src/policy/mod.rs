@@ -17,7 +17,7 @@
 //!   back down by one.
 //! - **Forgetting.** A task that is stopped, finished or removed loses all its policy
 //!   state.
-//! - **Observable.** [`AutoResume::status`] gives each task's [`TaskStatus`]: when the
+//! - **Observable.** [`AutoResume::status`] gives each task's [`Status`]: when the
 //!   next auto-resume is due, and why a paused task is skipped.
 //!
 //! Invalid settings are refused when they are built, with a
@@ -74,5 +74,5 @@
 mod auto_resume;
 mod backoff;
 
-pub use self::auto_resume::{AutoResume, Dispatch, Standing, TaskId, TaskStatus};
+pub use self::auto_resume::{AutoResume, Dispatch, Key, Standing, Status};
 pub use self::backoff::{Backoff, BackoffSettings, Jitter, PolicySettingsError, Setting};
