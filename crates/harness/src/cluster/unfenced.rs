@@ -113,10 +113,6 @@ impl Coordinator for Unfenced {
         })
     }
 
-    fn revoke(&self, lease: i64) -> BoxFuture<'_, Result<(), ClusterError>> {
-        self.store.revoke(lease)
-    }
-
     fn list(&self, prefix: String) -> BoxFuture<'_, Result<Listing, ClusterError>> {
         Box::pin(async move {
             let mut listing = self.store.list(prefix.clone()).await?;
@@ -222,14 +218,7 @@ impl Coordinator for Unfenced {
         })
     }
 
-    fn wait_change(
-        &self,
-        prefix: String,
-        after: i64,
-        timeout: Duration,
-    ) -> BoxFuture<'_, Result<(), ClusterError>> {
-        self.store.wait_change(prefix, after, timeout)
-    }
+    crate::pass_to_store!(revoke, wait_change);
 
     fn fresh_connection(&self) -> Option<Arc<dyn Coordinator>> {
         let store = self.store.fresh_connection()?;
