@@ -993,6 +993,55 @@ async fn a_change_is_in_the_next_listing_once_observed() {
     );
 }
 
+/// A stage a command returned is in the next listing even while its event has not
+/// reached the API: the listing cache is keyed on each task's change counter, not
+/// on what the API's follower of the events wrote. The follower is spawned on a
+/// runtime that never runs, so no event ever reaches the API here.
+#[test]
+fn a_stage_a_command_returned_is_listed_before_its_event_reaches_the_api() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    // Never driven: the task spawned on it (the API's follower of the events)
+    // never runs.
+    let idle = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("a second runtime");
+    runtime.block_on(async {
+        let live = Live::default();
+        let handle = Task::builder("orders")
+            .unit(Probe {
+                live: live.clone(),
+                hold: None,
+            })
+            .spawn()
+            .expect("spawned");
+        handle.wait_for_stage(|s| s == Stage::Running).await;
+        let tasks = LocalTasks::new();
+        {
+            let _follower_runs_there = idle.enter();
+            tasks.add(&handle).expect("a name of its own");
+        }
+        let router = Api::local(&tasks).auth(auth()).router();
+        for round in 0..3 {
+            assert_eq!(listed(&router, "orders").await["stage"], "Running");
+            assert_eq!(handle.pause().await, Ok(Stage::Paused));
+            assert_eq!(live.now(), 0, "round {round}: Paused with a run alive");
+            assert_eq!(
+                listed(&router, "orders").await["stage"],
+                "Paused",
+                "round {round}: the listing served before was served again"
+            );
+            assert_eq!(handle.resume().await, Ok(()));
+            tokio::time::timeout(WITHIN, handle.wait_for_stage(|s| s == Stage::Running))
+                .await
+                .expect("running again");
+        }
+        assert_eq!(handle.stop_within(WITHIN).await, Ok(Stage::Stopped));
+    });
+}
+
 /// Sends `GET uri` with the given `authorization` value, and answers the status
 /// and the headers of the answer (its body is not read).
 async fn head_of(

@@ -33,6 +33,30 @@ async fn join(store: &MemoryCoordinator, id: &str, live: &Live) -> Worker {
         .expect("the worker joins")
 }
 
+/// As [`join`], but every run of the worker, once cancelled, waits for a permit of
+/// `hold` before it returns, for up to its grace of 5 s (a stop bound of 10 s, in a
+/// TTL of 20 s that leaves the lease kept between).
+async fn join_holding(
+    store: &MemoryCoordinator,
+    id: &str,
+    live: &Live,
+    hold: &std::sync::Arc<tokio::sync::Semaphore>,
+) -> Worker {
+    let for_factory = live.clone();
+    let hold = std::sync::Arc::clone(hold);
+    Worker::builder(store.clone(), "app", id)
+        .ttl(Duration::from_secs(20))
+        .stop_bound(Duration::from_secs(10))
+        .join(move |spec| {
+            Ok(Task::builder(spec.task.as_str()).unit(Probe {
+                live: for_factory.clone(),
+                hold: Some(std::sync::Arc::clone(&hold)),
+            }))
+        })
+        .await
+        .expect("the worker joins")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_pause_answers_200_only_once_the_owners_run_returned() {
     let store = MemoryCoordinator::new();
@@ -187,17 +211,22 @@ async fn a_cluster_pause_answers_200_only_once_the_owners_run_returned() {
 }
 
 /// `POST /v1/workers/{id}/drain`: admin only, 404 for a worker that is not a member,
-/// and 200 only once the worker holds no task; every task then runs once, on the
-/// other worker, checked from the units.
+/// 202 while a run of the worker has not returned, and 200 only once the worker
+/// holds no task; every task then runs once, on the other worker, checked from the
+/// units.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drain_over_http_answers_200_once_the_worker_holds_nothing() {
     let store = MemoryCoordinator::new();
     // The runs alive on each worker.
     let lives = [Live::default(), Live::default()];
-    let mut workers = Vec::new();
-    for (id, live) in ["worker-1", "worker-2"].into_iter().zip(&lives) {
-        workers.push(join(&store, id, live).await);
-    }
+    // The runs of worker-1 return at once while the permits are there (the shares
+    // settle by hand-overs from it), and hold on to their stop once they are gone.
+    const PERMITS: usize = 1_000;
+    let hold = std::sync::Arc::new(tokio::sync::Semaphore::new(PERMITS));
+    let workers = vec![
+        join_holding(&store, "worker-1", &lives[0], &hold).await,
+        join(&store, "worker-2", &lives[1]).await,
+    ];
     let controller = Controller::new(store, "app").expect("a controller");
     for i in 0..6 {
         controller
@@ -272,6 +301,22 @@ async fn a_drain_over_http_answers_200_once_the_worker_holds_nothing() {
     let statuses = controller.worker_statuses().await.expect("members");
     assert!(statuses.iter().all(|w| !w.draining), "nothing was written");
 
+    // While worker-1's runs hold on to their stop, the drain is under way: a 202
+    // after its wait, with every task still held and every run still alive.
+    assert_eq!(hold.forget_permits(PERMITS), PERMITS);
+    let (status, answer) = call(
+        &router,
+        "POST",
+        "/v1/workers/worker-1/drain?wait=1s",
+        Some(ADMIN),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{answer}");
+    assert_eq!(answer["tasks"], on_first, "{answer}");
+    assert_eq!(lives[0].now(), on_first, "a run returned while held");
+
+    hold.add_permits(PERMITS);
     let (status, answer) = call(
         &router,
         "POST",
