@@ -1,5 +1,6 @@
 //! The cluster's typed errors.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use taskstage::BuildError;
@@ -222,5 +223,67 @@ pub enum ClusterError {
         task: TaskId,
         /// Why.
         source: BuildError,
+    },
+    /// A store file (the embedded store of feature `sqlite`) could not be opened:
+    /// nothing was written to it.
+    #[error("store file {}: {problem}", path.display())]
+    StoreFile {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        problem: FileProblem,
+    },
+}
+
+/// Why a store file could not be opened or used; part of
+/// [`ClusterError::StoreFile`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum FileProblem {
+    /// The file is not a taskstage store: another SQLite database, or not a
+    /// database at all. Nothing was written to it.
+    #[error("it is not a taskstage store ({detail})")]
+    NotAStore {
+        /// What was found instead.
+        detail: String,
+    },
+    /// The file was written by a newer taskstage, with a schema this build does not
+    /// know. Nothing was written to it.
+    #[error("its schema version {found} is newer than this build's {supported}")]
+    NewerSchema {
+        /// The file's schema version.
+        found: i32,
+        /// The newest version this build reads.
+        supported: i32,
+    },
+    /// The file, or the directory that must hold its journal, cannot be written.
+    #[error("it cannot be written (a read-only file or directory): {detail}")]
+    ReadOnly {
+        /// What SQLite reported.
+        detail: String,
+    },
+    /// The disk holding the file is full; the write was not made.
+    #[error("the disk is full: {detail}")]
+    Full {
+        /// What SQLite reported.
+        detail: String,
+    },
+    /// Another program held the file locked for longer than the lock timeout.
+    #[error("another program held it locked for longer than {waited:?}")]
+    Locked {
+        /// The lock timeout that passed.
+        waited: Duration,
+    },
+    /// SQLite found the file damaged.
+    #[error("it is corrupt: {detail}")]
+    Corrupt {
+        /// What SQLite reported.
+        detail: String,
+    },
+    /// Another failure of the file or of SQLite.
+    #[error("{detail}")]
+    Io {
+        /// What was reported.
+        detail: String,
     },
 }

@@ -79,6 +79,8 @@ mod fence;
 mod history;
 mod keys;
 mod memory;
+#[cfg(all(feature = "sqlite", target_os = "linux"))]
+mod sqlite;
 mod worker;
 
 pub use self::controller::{
@@ -89,12 +91,14 @@ pub use self::coord::{
     watch_channel, BoxFuture, Compare, Coordinator, Grant, KeepAlive, KeyValue, Listing, Op, Txn,
     TxnResult, WatchEvent, WatchMessage, WatchStream,
 };
-pub use self::error::ClusterError;
+pub use self::error::{ClusterError, FileProblem};
 #[cfg(feature = "etcd")]
 pub use self::etcd::{EtcdCoordinator, EtcdOptions};
 pub use self::fence::{FenceToken, Fencer};
 pub use self::keys::{DesiredStage, ObservedOutcome, ObservedStatus, TaskId, WorkerId, MAX_ID_LEN};
 pub use self::memory::{MemoryCoordinator, MemorySnapshot};
+#[cfg(all(feature = "sqlite", target_os = "linux"))]
+pub use self::sqlite::{SqliteCoordinator, SqliteOptions, SQLITE_SCHEMA_VERSION};
 pub use self::worker::{
     FactoryError, LeaseKeeping, OverrunPolicy, TaskSpec, Worker, WorkerBuilder, MIN_TTL,
     OVERRUN_EXIT_CODE,

@@ -1,0 +1,457 @@
+//! The embedded store (`SqliteCoordinator`, feature `sqlite`) beyond the contract
+//! every store keeps (`store_contract.rs`): the protocol on the file across a
+//! restart, two opens of one file woken by each other's writes, a lease expired
+//! with no call, and every kind of bad file a typed error that writes nothing.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use taskstage::Stage;
+use taskstage_cluster::{
+    ClusterError, Controller, Coordinator, DesiredStage, FileProblem, Op, SqliteCoordinator,
+    SqliteOptions, Txn, WatchEvent, WatchMessage, Worker, SQLITE_SCHEMA_VERSION,
+};
+use taskstage_harness::cluster::{counters, eventually, probes, SharedProbes};
+use tokio::time::Instant;
+
+const PREFIX: &str = "app";
+const WAIT: Duration = Duration::from_secs(15);
+
+/// A directory of the test's own, removed when dropped.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(test: &str) -> TempDir {
+        let dir = std::env::temp_dir().join(format!(
+            "taskstage-store-file-{test}-{}-{}",
+            std::process::id(),
+            fastrand::u64(..)
+        ));
+        std::fs::create_dir_all(&dir).expect("a temp dir");
+        TempDir(dir)
+    }
+
+    fn file(&self) -> PathBuf {
+        self.0.join("store.db")
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+async fn join(store: SqliteCoordinator, id: &str, shared: &SharedProbes) -> Worker {
+    Worker::builder(store, PREFIX, id)
+        .ttl(Duration::from_secs(2))
+        .stop_bound(Duration::from_millis(600))
+        .resync(Duration::from_millis(200))
+        .join(counters(id, shared))
+        .await
+        .expect("the worker joins")
+}
+
+fn alive(shared: &SharedProbes, task: &str) -> usize {
+    probes(shared).alive.get(task).map_or(0, Vec::len)
+}
+
+fn starts(shared: &SharedProbes, task: &str) -> Vec<(String, u64)> {
+    probes(shared).starts.get(task).cloned().unwrap_or_default()
+}
+
+async fn checkpoint(store: &SqliteCoordinator, task: &str) -> u64 {
+    let key = format!("{PREFIX}/checkpoints/{task}/pos");
+    let listing = store.list(key.clone()).await.expect("a read");
+    listing
+        .get(&key)
+        .and_then(|kv| String::from_utf8_lossy(&kv.value).parse().ok())
+        .unwrap_or(0)
+}
+
+/// The common case on one machine: a process that is controller and worker on one
+/// file. A task the operator paused is still Paused after the process is gone and
+/// another opens the file, and does not run; a running task runs again from its
+/// last fenced checkpoint; no run overlaps another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_survives_a_restart_and_a_running_task_resumes_from_its_checkpoint() {
+    let dir = TempDir::new("restart");
+    let shared = SharedProbes::default();
+    let last_checkpoint = {
+        let store = SqliteCoordinator::open(dir.file())
+            .await
+            .expect("a new file");
+        let controller = Controller::new(store.clone(), PREFIX).expect("a controller");
+        let worker = join(store.clone(), "w1", &shared).await;
+        for task in ["kept-paused", "kept-running"] {
+            controller
+                .create(task, Vec::new(), DesiredStage::Running)
+                .await
+                .expect("created");
+            controller.resume_within(task, WAIT).await.expect("running");
+        }
+        eventually(WAIT, "a few checkpoints of kept-running", || {
+            let store = store.clone();
+            async move { (checkpoint(&store, "kept-running").await >= 3).then_some(()) }
+        })
+        .await;
+        let paused = controller
+            .pause_within("kept-paused", WAIT)
+            .await
+            .expect("paused");
+        assert_eq!(paused.stage, Stage::Paused);
+        assert_eq!(alive(&shared, "kept-paused"), 0, "Paused with a run alive");
+        worker.shutdown().await.expect("a clean shutdown");
+        assert_eq!(alive(&shared, "kept-running"), 0);
+        checkpoint(&store, "kept-running").await
+    };
+    let paused_starts = starts(&shared, "kept-paused").len();
+
+    // Another process opens the file: here, the same one with nothing kept.
+    let store = SqliteCoordinator::open(dir.file())
+        .await
+        .expect("the file again");
+    let controller = Controller::new(store.clone(), PREFIX).expect("a controller");
+    let status = controller.status("kept-paused").await.expect("a status");
+    assert_eq!(status.desired, DesiredStage::Paused);
+    let _worker = join(store.clone(), "w2", &shared).await;
+    eventually(WAIT, "kept-running running again on w2", || {
+        let shared = Arc::clone(&shared);
+        async move {
+            let starts = starts(&shared, "kept-running");
+            (starts.last().is_some_and(|(w, _)| w == "w2") && alive(&shared, "kept-running") == 1)
+                .then_some(starts)
+        }
+    })
+    .await;
+    let resumed_from = starts(&shared, "kept-running")
+        .last()
+        .map(|(_, at)| *at)
+        .expect("a start");
+    assert!(
+        resumed_from >= last_checkpoint,
+        "started from {resumed_from}, below the last acknowledged {last_checkpoint}"
+    );
+    // kept-paused stays as the operator left it: Paused, and no run of it started
+    // since, while w2 runs the other task.
+    let status = controller.status("kept-paused").await.expect("a status");
+    assert_eq!(status.desired, DesiredStage::Paused);
+    assert!(
+        status
+            .current_observed()
+            .is_none_or(|o| matches!(o.stage, Stage::New | Stage::Paused)),
+        "{status:?}"
+    );
+    assert_eq!(
+        starts(&shared, "kept-paused").len(),
+        paused_starts,
+        "a paused task ran"
+    );
+    assert_eq!(alive(&shared, "kept-paused"), 0);
+
+    // And it runs again once resumed.
+    let resumed = controller
+        .resume_within("kept-paused", WAIT)
+        .await
+        .expect("resumed");
+    assert_eq!(resumed.owner.as_str(), "w2");
+    assert_eq!(starts(&shared, "kept-paused").len(), paused_starts + 1);
+    let violations = probes(&shared).violations.clone();
+    assert!(violations.is_empty(), "runs overlapped: {violations:#?}");
+}
+
+/// Two opens of one file (each its own connection and its own follower of the
+/// file, as two processes have): a write through one reaches a watch on the other
+/// at once, woken by the kernel, not by a poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_through_one_open_reaches_a_watch_on_another() {
+    let dir = TempDir::new("two-opens");
+    let one = SqliteCoordinator::open(dir.file()).await.expect("opened");
+    let two = SqliteCoordinator::open(dir.file())
+        .await
+        .expect("opened again");
+    let mut watch = two.watch("k/".to_owned(), 0).await.expect("a watch");
+    let mut latencies = Vec::new();
+    for i in 0..20 {
+        let sent = Instant::now();
+        let wrote = one
+            .txn(Txn {
+                when: vec![],
+                then: vec![Op::Put {
+                    key: format!("k/{i}"),
+                    value: b"v".to_vec(),
+                    lease: None,
+                }],
+            })
+            .await
+            .expect("written");
+        let message = tokio::time::timeout(WAIT, next(&mut watch))
+            .await
+            .expect("the change arrives")
+            .expect("the watch goes on")
+            .expect("no error");
+        latencies.push(sent.elapsed());
+        let WatchMessage::Events { events, .. } = message else {
+            panic!("not events: {message:?}");
+        };
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].revision(), wrote.revision);
+    }
+    latencies.sort();
+    eprintln!(
+        "a change seen through another open: p50 {:?}, max {:?}",
+        latencies[latencies.len() / 2],
+        latencies[latencies.len() - 1]
+    );
+    assert!(latencies[latencies.len() / 2] < Duration::from_millis(100));
+}
+
+async fn next(
+    watch: &mut taskstage_cluster::WatchStream,
+) -> Option<Result<WatchMessage, ClusterError>> {
+    std::future::poll_fn(|cx| futures_core::Stream::poll_next(watch.as_mut(), cx)).await
+}
+
+/// A lease whose holder is gone (its store dropped, as a killed process's is) ends
+/// at its TTL with no call of anyone: another open of the file deletes its keys on
+/// its own, and its watchers see the delete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_of_a_process_gone_ends_at_its_ttl_with_no_call() {
+    let dir = TempDir::new("lease");
+    let other = SqliteCoordinator::open(dir.file()).await.expect("opened");
+    let mut watch = other.watch("owners/".to_owned(), 0).await.expect("a watch");
+    let started = Instant::now();
+    let ttl = {
+        let gone = SqliteCoordinator::open(dir.file()).await.expect("opened");
+        let grant = gone.grant(Duration::from_secs(1)).await.expect("a lease");
+        gone.txn(Txn {
+            when: vec![],
+            then: vec![Op::Put {
+                key: "owners/t".into(),
+                value: b"w".to_vec(),
+                lease: Some(grant.id),
+            }],
+        })
+        .await
+        .expect("written");
+        grant.ttl
+    };
+    // Nothing calls `other` from here: only its watch is open.
+    let mut seen = Vec::new();
+    // Bounded by the timeout of each message.
+    while !seen.iter().any(|e| matches!(e, WatchEvent::Delete { .. })) {
+        let message = tokio::time::timeout(ttl + Duration::from_secs(2), next(&mut watch))
+            .await
+            .expect("the delete arrives within the TTL")
+            .expect("the watch goes on")
+            .expect("no error");
+        if let WatchMessage::Events { events, .. } = message {
+            seen.extend(events);
+        }
+    }
+    let after = started.elapsed();
+    assert!(after >= ttl - Duration::from_millis(50), "{after:?}");
+    assert!(after < ttl + Duration::from_secs(1), "{after:?}");
+}
+
+/// What a call acknowledged is in the file after every open of it is gone, and the
+/// revision goes on from where it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_was_acknowledged_is_there_after_a_reopen() {
+    let dir = TempDir::new("reopen");
+    let revision = {
+        let store = SqliteCoordinator::open(dir.file()).await.expect("opened");
+        let mut revision = 0;
+        for i in 0..50 {
+            revision = store
+                .txn(Txn {
+                    when: vec![],
+                    then: vec![Op::Put {
+                        key: format!("k/{i:02}"),
+                        value: i.to_string().into_bytes(),
+                        lease: None,
+                    }],
+                })
+                .await
+                .expect("written")
+                .revision;
+        }
+        revision
+    };
+    let store = SqliteCoordinator::open(dir.file())
+        .await
+        .expect("opened again");
+    let listing = store.list("k/".into()).await.expect("a read");
+    assert_eq!(listing.revision, revision);
+    assert_eq!(listing.kvs.len(), 50);
+    for (i, kv) in listing.kvs.iter().enumerate() {
+        assert_eq!(kv.value, i.to_string().into_bytes());
+    }
+    let next = store
+        .txn(Txn {
+            when: vec![],
+            then: vec![Op::Delete { key: "k/00".into() }],
+        })
+        .await
+        .expect("written");
+    assert_eq!(next.revision, revision + 1);
+    let check: String = rusqlite::Connection::open(dir.file())
+        .and_then(|c| c.query_row("PRAGMA integrity_check", [], |r| r.get(0)))
+        .expect("a check");
+    assert_eq!(check, "ok");
+}
+
+fn problem(result: Result<SqliteCoordinator, ClusterError>, path: &Path) -> FileProblem {
+    match result {
+        Err(ClusterError::StoreFile {
+            path: named,
+            problem,
+        }) => {
+            assert_eq!(named, path, "the error names the file");
+            problem
+        }
+        other => panic!("not a store file error: {other:?}"),
+    }
+}
+
+/// A file that is not a taskstage store (text, or another program's SQLite
+/// database), one of a newer schema, and a corrupt one: each a typed error naming
+/// the file, and not a byte of it changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_that_is_not_a_store_of_this_schema_is_refused_and_left_as_it_was() {
+    let dir = TempDir::new("bad");
+
+    let text = dir.0.join("notes.txt");
+    std::fs::write(&text, "not a database, just some text\n".repeat(200)).expect("written");
+    let before = std::fs::read(&text).expect("read");
+    let found = problem(SqliteCoordinator::open(&text).await, &text);
+    assert!(matches!(found, FileProblem::NotAStore { .. }), "{found:?}");
+    assert_eq!(std::fs::read(&text).expect("read"), before);
+
+    let other = dir.0.join("other.db");
+    rusqlite::Connection::open(&other)
+        .and_then(|c| {
+            c.execute_batch("CREATE TABLE orders (id INTEGER); INSERT INTO orders VALUES (1);")
+        })
+        .expect("another program's database");
+    let before = std::fs::read(&other).expect("read");
+    let found = problem(SqliteCoordinator::open(&other).await, &other);
+    assert!(matches!(found, FileProblem::NotAStore { .. }), "{found:?}");
+    assert_eq!(std::fs::read(&other).expect("read"), before);
+    assert!(!dir.0.join("other.db-wal").exists(), "a journal was made");
+
+    let newer = dir.0.join("newer.db");
+    drop(SqliteCoordinator::open(&newer).await.expect("a new store"));
+    rusqlite::Connection::open(&newer)
+        .and_then(|c| {
+            c.execute_batch(&format!(
+                "PRAGMA user_version = {};",
+                SQLITE_SCHEMA_VERSION + 1
+            ))
+        })
+        .expect("a newer schema");
+    let found = problem(SqliteCoordinator::open(&newer).await, &newer);
+    assert_eq!(
+        found,
+        FileProblem::NewerSchema {
+            found: SQLITE_SCHEMA_VERSION + 1,
+            supported: SQLITE_SCHEMA_VERSION
+        }
+    );
+
+    // A store whose pages past the header are overwritten.
+    let corrupt = dir.0.join("corrupt.db");
+    {
+        let store = SqliteCoordinator::open(&corrupt)
+            .await
+            .expect("a new store");
+        for i in 0..200 {
+            store
+                .txn(Txn {
+                    when: vec![],
+                    then: vec![Op::Put {
+                        key: format!("k/{i:03}"),
+                        value: vec![b'x'; 200],
+                        lease: None,
+                    }],
+                })
+                .await
+                .expect("written");
+        }
+    }
+    // Every open is gone: the journal is in the file; checkpoint it there.
+    rusqlite::Connection::open(&corrupt)
+        .and_then(|c| c.execute_batch("PRAGMA wal_checkpoint(TRUNCATE);"))
+        .expect("checkpointed");
+    let mut bytes = std::fs::read(&corrupt).expect("read");
+    assert!(bytes.len() > 3 * 4096, "{} bytes", bytes.len());
+    for b in &mut bytes[4096 + 100..3 * 4096] {
+        *b = 0xA5;
+    }
+    std::fs::write(&corrupt, &bytes).expect("written");
+    let found = problem(SqliteCoordinator::open(&corrupt).await, &corrupt);
+    assert!(matches!(found, FileProblem::Corrupt { .. }), "{found:?}");
+    assert_eq!(
+        std::fs::read(&corrupt).expect("read"),
+        bytes,
+        "the file changed"
+    );
+}
+
+fn put_k() -> Txn {
+    Txn {
+        when: vec![],
+        then: vec![Op::Put {
+            key: "k".into(),
+            value: b"v".to_vec(),
+            lease: None,
+        }],
+    }
+}
+
+/// A file another program holds locked for writing: a write waits for the lock
+/// timeout and then fails with a typed error naming the file, reads and opens go
+/// on, and the write succeeds once the lock is released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_locked_by_another_program_is_a_typed_error_in_bounded_time() {
+    let dir = TempDir::new("locked");
+    let path = dir.file();
+    let timeout = Duration::from_millis(300);
+    let store = SqliteCoordinator::open_with(&path, SqliteOptions::default().lock_timeout(timeout))
+        .await
+        .expect("opened");
+    let holder = rusqlite::Connection::open(&path).expect("another program's connection");
+    holder
+        .execute_batch("BEGIN EXCLUSIVE;")
+        .expect("the lock taken");
+
+    let started = Instant::now();
+    let result = store.txn(put_k()).await;
+    let took = started.elapsed();
+    match result {
+        Err(ClusterError::Unreachable { op, detail }) => {
+            assert_eq!(op, "txn");
+            assert!(detail.contains("locked"), "{detail}");
+            assert!(detail.contains(&path.display().to_string()), "{detail}");
+        }
+        other => panic!("not unreachable: {other:?}"),
+    }
+    assert!(took >= timeout - Duration::from_millis(50), "{took:?}");
+    assert!(took < timeout * 10, "{took:?}");
+
+    // Reads go on beside another program's write (the file is in WAL mode), and a
+    // second open, which only reads, too.
+    assert_eq!(store.list("k".into()).await.expect("a read").kvs.len(), 0);
+    SqliteCoordinator::open_with(&path, SqliteOptions::default().lock_timeout(timeout))
+        .await
+        .expect("an open beside the lock");
+
+    holder.execute_batch("COMMIT;").expect("the lock released");
+    let wrote = store
+        .txn(put_k())
+        .await
+        .expect("written once the lock is gone");
+    assert!(wrote.succeeded);
+    assert_eq!(store.list("k".into()).await.expect("a read").kvs.len(), 1);
+}
