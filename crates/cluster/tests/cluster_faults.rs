@@ -30,10 +30,11 @@ use cluster_support::history::{
 };
 use cluster_support::overload::{self, Block, DutyCycle, Hogs};
 use cluster_support::process::{self, Settings, Units, Values, WorkerKind, TTL};
-use cluster_support::{per_worker, signal_pid, ChildGuard, EtcdCluster};
+use cluster_support::{per_worker, signal_pid, AnyStore, ChildGuard, EtcdCluster};
 use taskstage::{RunContext, RunError, RunExit, Stage, Task, Unit};
 use taskstage_cluster::{
-    ClusterError, Controller, Coordinator, DesiredStage, EtcdCoordinator, EtcdOptions, TaskStatus,
+    ClusterError, Controller, Coordinator, DesiredStage, EtcdCoordinator, EtcdOptions,
+    SqliteCoordinator, TaskStatus,
 };
 
 const PREFIX: &str = "faults";
@@ -88,7 +89,10 @@ struct Fleet {
     recorder: Arc<Recorder>,
     controller: Controller,
     /// A direct connection, to read checkpoints.
-    coord: EtcdCoordinator,
+    coord: AnyStore,
+    /// The store file, when the fleet runs on one: SQLite's integrity check must
+    /// pass on it after every kill.
+    file: Option<PathBuf>,
 }
 
 impl Drop for Fleet {
@@ -129,6 +133,7 @@ impl Fleet {
         let coord = EtcdCoordinator::connect(cluster.endpoints(), EtcdOptions::default())
             .await
             .expect("connect to the test cluster");
+        let coord = AnyStore::new(coord);
         Fleet {
             dir,
             endpoints: cluster.endpoints(),
@@ -138,6 +143,29 @@ impl Fleet {
             recorder,
             controller: Controller::new(coord.clone(), PREFIX).expect("a controller"),
             coord,
+            file: None,
+        }
+    }
+
+    /// A fleet on a store file of its own (the embedded store) instead of etcd: the
+    /// worker processes, the controller and the test share it. Its side client
+    /// ports are the file too: there is no connection to cut.
+    async fn on_file() -> Fleet {
+        let (dir, recorder) = histories("faults-file");
+        let file = dir.join("store.db");
+        let coord = SqliteCoordinator::open(&file).await.expect("a store file");
+        let coord = AnyStore::new(coord);
+        let endpoints = vec![format!("sqlite:{}", file.display())];
+        Fleet {
+            dir,
+            side_endpoints: endpoints.clone(),
+            endpoints,
+            unfenced: false,
+            procs: Vec::new(),
+            recorder,
+            controller: Controller::new(coord.clone(), PREFIX).expect("a controller"),
+            coord,
+            file: Some(file),
         }
     }
 
@@ -419,6 +447,12 @@ impl Fleet {
             .expect("read the histories")
             .check(THAW_ALLOWANCE);
         eprintln!("history: {verdict}");
+        if let Some(file) = &self.file {
+            let check: String = rusqlite::Connection::open(file)
+                .and_then(|c| c.query_row("PRAGMA integrity_check", [], |row| row.get(0)))
+                .expect("the store file can be checked");
+            assert_eq!(check, "ok", "the store file after the kills");
+        }
         verdict
     }
 
@@ -575,7 +609,18 @@ async fn an_owner_killed_mid_run_is_replaced_within_the_bound() {
     let Some(cluster) = EtcdCluster::start_or_skip(3) else {
         return;
     };
-    let mut fleet = Fleet::new(&cluster, false).await;
+    owner_killed_mid_run(Fleet::new(&cluster, false).await).await;
+}
+
+/// As [`an_owner_killed_mid_run_is_replaced_within_the_bound`], on a store file two
+/// worker processes share: the killed process's lease ends on the machine's clock,
+/// with no server to expire it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_the_file_an_owner_killed_mid_run_is_replaced_within_the_bound() {
+    owner_killed_mid_run(Fleet::on_file().await).await;
+}
+
+async fn owner_killed_mid_run(mut fleet: Fleet) {
     fleet.spawn("w1", ONE);
     create_running(&fleet, "t").await;
     fleet.answered("t", LIVENESS, is("w1")).await;
@@ -895,7 +940,17 @@ async fn a_hundred_tasks_over_three_workers_survive_one_killed() {
     let Some(cluster) = EtcdCluster::start_or_skip(3) else {
         return;
     };
-    let mut fleet = Fleet::new(&cluster, false).await;
+    hundred_tasks_one_killed(Fleet::new(&cluster, false).await).await;
+}
+
+/// As [`a_hundred_tasks_over_three_workers_survive_one_killed`], three worker
+/// processes on one store file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_the_file_a_hundred_tasks_over_three_workers_survive_one_killed() {
+    hundred_tasks_one_killed(Fleet::on_file().await).await;
+}
+
+async fn hundred_tasks_one_killed(mut fleet: Fleet) {
     let many = Spawn {
         capacity: 64,
         write_every: Duration::from_secs(1),

@@ -28,7 +28,34 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use taskstage::{RunContext, RunError, RunExit, Task, TaskBuilder, Unit};
-use taskstage_cluster::{ClusterError, Fencer, TaskSpec, TaskStatus};
+use taskstage_cluster::{
+    BoxFuture, ClusterError, Coordinator, Fencer, Grant, KeepAlive, Listing, TaskSpec, TaskStatus,
+    Txn, TxnResult, WatchStream,
+};
+
+/// Any store behind one type, for a test that runs on several: the etcd cluster
+/// it started, or a store file of its own.
+#[derive(Clone)]
+pub struct AnyStore {
+    store: Arc<dyn Coordinator>,
+}
+
+impl AnyStore {
+    /// `store`, behind the one type.
+    pub fn new(store: impl Coordinator) -> AnyStore {
+        AnyStore {
+            store: Arc::new(store),
+        }
+    }
+}
+
+impl Coordinator for AnyStore {
+    crate::pass_to_store!(grant, keep_alive, revoke, list, watch, txn, wait_change);
+
+    fn fresh_connection(&self) -> Option<Arc<dyn Coordinator>> {
+        self.store.fresh_connection()
+    }
+}
 
 /// Only one etcd cluster at a time: three members per test on two cores is
 /// enough load to make elections flap.

@@ -13,7 +13,8 @@
 //!
 //! - `{env}_WORKER`: the worker id (required: its presence makes the process a
 //!   worker);
-//! - `{env}_ENDPOINTS`: the etcd endpoints, comma-separated (required);
+//! - `{env}_ENDPOINTS`: the etcd endpoints, comma-separated, or `sqlite:{path}`, a
+//!   store file (required);
 //! - `{env}_DIR`: the directory of the histories, for units that record (required
 //!   then): the process appends to `worker-{id}-{pid}.history` there (see
 //!   [`super::history`]) and writes a line `joined {lease:x}` to
@@ -37,7 +38,8 @@ use std::time::Duration;
 use super::unfenced::{Unfenced, BELIEVED_TTL};
 use taskstage::{RunContext, RunError, RunExit, Task, TaskBuilder, Unit};
 use taskstage_cluster::{
-    ClusterError, EtcdCoordinator, EtcdOptions, FactoryError, FenceToken, Fencer, TaskSpec, Worker,
+    ClusterError, Coordinator, EtcdCoordinator, EtcdOptions, FactoryError, FenceToken, Fencer,
+    SqliteCoordinator, TaskSpec, Worker, WorkerBuilder,
 };
 
 use super::history::{now_ns, Recorder, WriteOutcome};
@@ -211,10 +213,9 @@ pub fn worker_process(kind: &WorkerKind) {
     let Ok(id) = std::env::var(kind.var("WORKER")) else {
         return;
     };
-    let endpoints: Vec<String> = required_env(&kind.var("ENDPOINTS"))
-        .split(',')
-        .map(str::to_owned)
-        .collect();
+    let endpoints = required_env(&kind.var("ENDPOINTS"));
+    let file = endpoints.strip_prefix("sqlite:").map(PathBuf::from);
+    let endpoints: Vec<String> = endpoints.split(',').map(str::to_owned).collect();
     let prefix = kind
         .optional("PREFIX")
         .unwrap_or_else(|| kind.prefix.to_owned());
@@ -245,27 +246,23 @@ pub fn worker_process(kind: &WorkerKind) {
                 .expect("a SIGTERM handler");
         // Bounded: the test kills the process long before.
         for _ in 0..MAX_JOINS {
-            let coord =
-                match EtcdCoordinator::connect(endpoints.clone(), EtcdOptions::default()).await {
-                    Ok(coord) => coord,
-                    Err(error) => {
-                        eprintln!("worker {id}: connect failed: {error}");
-                        tokio::time::sleep(RESYNC).await;
-                        continue;
-                    }
-                };
-            let mut builder = if unfenced {
-                Worker::builder(
-                    Unfenced::new(Arc::new(coord), ttl),
-                    prefix.clone(),
-                    id.clone(),
-                )
-                .ttl(BELIEVED_TTL)
-            } else {
-                Worker::builder(coord, prefix.clone(), id.clone()).ttl(ttl)
-            }
-            .stop_bound(STOP_BOUND)
-            .resync(RESYNC);
+            let builder = match &file {
+                Some(path) => SqliteCoordinator::open(path)
+                    .await
+                    .map(|coord| builder_on(coord, unfenced, ttl, &prefix, &id)),
+                None => EtcdCoordinator::connect(endpoints.clone(), EtcdOptions::default())
+                    .await
+                    .map(|coord| builder_on(coord, unfenced, ttl, &prefix, &id)),
+            };
+            let builder = match builder {
+                Ok(builder) => builder,
+                Err(error) => {
+                    eprintln!("worker {id}: connect failed: {error}");
+                    tokio::time::sleep(RESYNC).await;
+                    continue;
+                }
+            };
+            let mut builder = builder.stop_bound(STOP_BOUND).resync(RESYNC);
             if let Some(capacity) = capacity {
                 builder = builder.capacity(capacity);
             }
@@ -297,6 +294,22 @@ pub fn worker_process(kind: &WorkerKind) {
             }
         }
     });
+}
+
+/// A worker of `prefix` and `id` on `coord` with the processes' TTL, on an
+/// [`Unfenced`] store when `unfenced`.
+fn builder_on(
+    coord: impl Coordinator,
+    unfenced: bool,
+    ttl: Duration,
+    prefix: &str,
+    id: &str,
+) -> WorkerBuilder {
+    if unfenced {
+        Worker::builder(Unfenced::new(Arc::new(coord), ttl), prefix, id).ttl(BELIEVED_TTL)
+    } else {
+        Worker::builder(coord, prefix, id).ttl(ttl)
+    }
 }
 
 type Factory = dyn Fn(TaskSpec) -> Result<TaskBuilder, FactoryError> + Send + Sync;
