@@ -404,6 +404,25 @@ async fn a_wait_for_a_change_returns_on_it(store: &dyn Coordinator, p: &str) {
     );
 }
 
+/// A watch from far back replays every change since, however many: more than one
+/// message's worth, none lost between them.
+async fn a_watch_replays_a_long_history(store: &dyn Coordinator, p: &str) {
+    const WRITES: usize = 1_200;
+    let key = format!("{p}k");
+    let first = txn(store, vec![], vec![put(&key, b"0")]).await.revision;
+    for i in 1..WRITES {
+        txn(store, vec![], vec![put(&key, i.to_string().as_bytes())]).await;
+    }
+    let mut watch = store.watch(p.to_owned(), first).await.expect("a watch");
+    let seen = events(&mut watch, WRITES).await;
+    for (i, event) in seen.iter().enumerate() {
+        match event {
+            WatchEvent::Put(kv) => assert_eq!(kv.value, i.to_string().into_bytes()),
+            other => panic!("not a put: {other:?}"),
+        }
+    }
+}
+
 /// A listing holds exactly the keys under its prefix, sorted.
 async fn a_listing_is_the_prefix_sorted(store: &dyn Coordinator, p: &str) {
     let names = ["m", "b", "z", "a/b", "a"];
@@ -474,6 +493,7 @@ macro_rules! contract {
             contract!(@test $open, a_watch_replays_then_follows);
             contract!(@test $open, a_wait_for_a_change_returns_on_it);
             contract!(@test $open, a_listing_is_the_prefix_sorted);
+            contract!(@test $open, a_watch_replays_a_long_history);
         }
     };
     (@test $open:expr, $name:ident) => {

@@ -255,6 +255,55 @@ async fn a_lease_of_a_process_gone_ends_at_its_ttl_with_no_call() {
     assert!(after < ttl + Duration::from_secs(1), "{after:?}");
 }
 
+/// A lease the file holds from an earlier boot of the machine has expired, whatever
+/// its deadline says: no process of that boot is alive, and the machine's clock
+/// started again. Its keys are gone at the first open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_of_an_earlier_boot_has_expired() {
+    let dir = TempDir::new("boot");
+    let (lease, revision) = {
+        let store = SqliteCoordinator::open(dir.file()).await.expect("opened");
+        let grant = store
+            .grant(Duration::from_secs(3_600))
+            .await
+            .expect("a lease");
+        let wrote = store
+            .txn(Txn {
+                when: vec![],
+                then: vec![Op::Put {
+                    key: "owners/t".into(),
+                    value: b"w".to_vec(),
+                    lease: Some(grant.id),
+                }],
+            })
+            .await
+            .expect("written");
+        (grant.id, wrote.revision)
+    };
+    // As the file is after a reboot: the lease's boot is another one.
+    rusqlite::Connection::open(dir.file())
+        .and_then(|c| {
+            c.execute(
+                "UPDATE lease SET boot = 'an-earlier-boot' WHERE id = ?1",
+                [lease],
+            )
+        })
+        .expect("the lease rewritten");
+    let store = SqliteCoordinator::open(dir.file())
+        .await
+        .expect("opened again");
+    let listing = store.list("owners/".into()).await.expect("a read");
+    assert!(listing.kvs.is_empty(), "{listing:?}");
+    assert!(
+        listing.revision > revision,
+        "the delete is a revision of its own"
+    );
+    assert_eq!(
+        store.keep_alive(lease).await.expect("an answer"),
+        taskstage_cluster::KeepAlive::Expired
+    );
+}
+
 /// What a call acknowledged is in the file after every open of it is gone, and the
 /// revision goes on from where it was.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
