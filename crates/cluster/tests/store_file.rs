@@ -304,6 +304,64 @@ async fn a_lease_of_an_earlier_boot_has_expired() {
     );
 }
 
+/// The backup docs/cluster.md gives, taken while a writer goes on: `VACUUM INTO`
+/// (what `sqlite3 FILE ".backup COPY"` also makes) is a consistent copy that opens
+/// as a store, at one revision, with every key written up to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_taken_while_a_writer_goes_on_opens_as_a_store_at_one_revision() {
+    let dir = TempDir::new("backup");
+    let store = SqliteCoordinator::open(dir.file()).await.expect("opened");
+    let writer = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            for i in 0..400u32 {
+                store
+                    .txn(Txn {
+                        when: vec![],
+                        then: vec![Op::Put {
+                            key: format!("k/{i:04}"),
+                            value: i.to_string().into_bytes(),
+                            lease: None,
+                        }],
+                    })
+                    .await
+                    .expect("written");
+            }
+        })
+    };
+    // Once some are written, while the rest are.
+    eventually(WAIT, "a hundred writes", || {
+        let store = store.clone();
+        async move { (store.list("k/".into()).await.ok()?.kvs.len() >= 100).then_some(()) }
+    })
+    .await;
+    let copy = dir.0.join("backup.db");
+    let path = dir.file();
+    let target = copy.clone();
+    tokio::task::spawn_blocking(move || {
+        rusqlite::Connection::open(&path)
+            .and_then(|c| c.execute("VACUUM INTO ?1", [target.to_string_lossy()]))
+    })
+    .await
+    .expect("the backup's thread")
+    .expect("the backup");
+    writer.await.expect("the writer");
+    let restored = SqliteCoordinator::open(&copy)
+        .await
+        .expect("the copy opens as a store");
+    let listing = restored.list("k/".into()).await.expect("a read");
+    let n = listing.kvs.len();
+    assert!((100..=400).contains(&n), "{n} keys");
+    // One revision: the keys are exactly the first n writes, each at its revision.
+    for (i, kv) in listing.kvs.iter().enumerate() {
+        assert_eq!(kv.key, format!("k/{i:04}"));
+    }
+    assert_eq!(
+        listing.kvs.last().map(|kv| kv.mod_revision),
+        Some(listing.revision)
+    );
+}
+
 /// What a call acknowledged is in the file after every open of it is gone, and the
 /// revision goes on from where it was.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
