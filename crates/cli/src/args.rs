@@ -11,6 +11,7 @@ const AFTER_HELP: &str = "\
 Examples:
   taskstage --endpoints http://10.0.0.1:2379,http://10.0.0.2:2379 --prefix app list
   taskstage --prefix app status orders
+  taskstage --store sqlite:/var/lib/app/tasks.db --prefix app list
   taskstage --prefix app pause orders invoices --timeout 10s
   taskstage --prefix app resume --all
   taskstage --prefix app create orders --spec-file orders.json --paused
@@ -24,9 +25,11 @@ Exit codes:
   1  a command was refused (a stopped task, an existing id, a race) or timed out
   2  bad usage or bad input (a task id with '/', an unknown stage, no such task,
      --all with no task); nothing was written
-  3  the etcd cluster could not be reached; nothing was written";
+  3  the store (etcd, or the file of --store) could not be reached; nothing was
+     written";
 
-/// Operate a taskstage cluster on etcd: list, pause, resume, stop and watch tasks.
+/// Operate a taskstage cluster on etcd, or on a store file of one machine: list,
+/// pause, resume, stop and watch tasks.
 ///
 /// Every command talks to the cluster through the same controller API as a Rust
 /// program; `pause` returns only once each task's owner reports that its run has
@@ -44,6 +47,16 @@ pub(crate) struct Cli {
         value_name = "URL,..."
     )]
     pub(crate) endpoints: Vec<String>,
+    /// The store of one machine, a file (`sqlite:PATH`), in place of etcd: the
+    /// file the workers and the application's controller open.
+    #[arg(
+        long,
+        global = true,
+        env = "TASKSTAGE_STORE",
+        value_name = "sqlite:PATH",
+        value_parser = parse_store
+    )]
+    pub(crate) store: Option<std::path::PathBuf>,
     /// The key prefix of the cluster (the one its workers and controllers use).
     #[arg(
         long,
@@ -215,6 +228,17 @@ pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
         .ok()
         .filter(|d| !d.is_zero() && *d <= Duration::from_secs(24 * 3600))
         .ok_or_else(|| format!("{text:?} is out of range (above 0, at most 24 h)"))
+}
+
+/// `sqlite:PATH`: the store file.
+fn parse_store(value: &str) -> Result<std::path::PathBuf, String> {
+    match value.strip_prefix("sqlite:") {
+        Some(path) if !path.is_empty() => Ok(path.into()),
+        _ => Err(format!(
+            "{value:?} is not a store: give sqlite:PATH (a store file), or leave --store out \
+             for etcd (--endpoints)"
+        )),
+    }
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use taskstage::ErrorCode;
-use taskstage_cluster::ClusterError;
+use taskstage_cluster::{ClusterError, FileProblem};
 
 /// Exit code: a command was refused or timed out.
 pub(crate) const REFUSED: u8 = 1;
@@ -110,8 +110,18 @@ pub(crate) enum CliError {
         /// Why.
         source: std::io::Error,
     },
+    /// The store file given with `--store` cannot be used as a store.
+    #[error("{command}: store file {}: {problem}", path.display())]
+    StoreFile {
+        /// The command.
+        command: &'static str,
+        /// The file.
+        path: std::path::PathBuf,
+        /// What is wrong with it.
+        problem: FileProblem,
+    },
     /// The store did not answer.
-    #[error("{command}: etcd unreachable ({op}): {detail}")]
+    #[error("{command}: store unreachable ({op}): {detail}")]
     Unreachable {
         /// The command.
         command: &'static str,
@@ -256,6 +266,11 @@ impl CliError {
             ClusterError::InvalidPrefix { prefix, reason } => {
                 CliError::InvalidPrefix { prefix, reason }
             }
+            ClusterError::StoreFile { path, problem } => CliError::StoreFile {
+                command,
+                path,
+                problem,
+            },
             ClusterError::Unreachable { op, detail } => CliError::Unreachable {
                 command,
                 op,
@@ -307,6 +322,7 @@ impl CliError {
             | CliError::NoSuchWorker { .. }
             | CliError::NoTasks { .. }
             | CliError::SpecFile { .. }
+            | CliError::StoreFile { .. }
             | CliError::Listen { .. } => BAD_INPUT,
             CliError::Unreachable { .. } => UNREACHABLE,
             CliError::Stopped { .. }
@@ -330,7 +346,8 @@ impl CliError {
             | CliError::InvalidTask { .. }
             | CliError::UnknownStage { .. }
             | CliError::InvalidWorker { .. }
-            | CliError::SpecFile { .. } => ErrorCode::BadRequest,
+            | CliError::SpecFile { .. }
+            | CliError::StoreFile { .. } => ErrorCode::BadRequest,
             CliError::Listen { .. } => ErrorCode::CannotListen,
             CliError::Token { .. } => ErrorCode::NoToken,
             CliError::NoSuchTask { .. } | CliError::NoTasks { .. } => ErrorCode::UnknownTask,
@@ -410,10 +427,13 @@ impl CliError {
                 "its hand-overs are under way, or a run has not returned: `taskstage list` \
                  shows what {worker} holds; the drain stays written, run it again to wait more"
             ),
-            CliError::Unreachable { .. } => {
-                "check --endpoints (or ETCD_ENDPOINTS) and that etcd is up; nothing was written"
-                    .into()
-            }
+            CliError::Unreachable { .. } => "check --endpoints (or ETCD_ENDPOINTS) and that \
+                 etcd is up, or with --store that no other program holds the file locked; \
+                 nothing was written"
+                .into(),
+            CliError::StoreFile { .. } => "--store sqlite:PATH names a taskstage store file \
+                 (its first open makes it); nothing was written"
+                .into(),
             CliError::Stopped { task, .. } => {
                 format!("create a new task to run it again (`taskstage status {task}`)")
             }

@@ -22,7 +22,7 @@ use clap::{CommandFactory, Parser};
 use serde_json::{json, Value};
 use taskstage_cluster::{
     ClusterError, Controller, DesiredStage, EtcdCoordinator, EtcdOptions, MemoryCoordinator,
-    ObservedStatus, TaskId, TaskStatus,
+    ObservedStatus, SqliteCoordinator, TaskId, TaskStatus,
 };
 use tokio::time::Instant;
 
@@ -236,6 +236,10 @@ async fn serve(
 async fn connect(cli: &Cli, command: &'static str) -> Result<Controller, Vec<CliError>> {
     let fail = |e| vec![CliError::cluster(command, None, &cli.prefix, e)];
     Controller::new(MemoryCoordinator::new(), &cli.prefix).map_err(fail)?;
+    if let Some(file) = &cli.store {
+        let coord = SqliteCoordinator::open(file).await.map_err(fail)?;
+        return Controller::new(coord, &cli.prefix).map_err(fail);
+    }
     let coord = EtcdCoordinator::connect(cli.endpoints.clone(), EtcdOptions::default())
         .await
         .map_err(fail)?;

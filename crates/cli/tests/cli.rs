@@ -493,7 +493,7 @@ fn the_command_drives_real_workers_and_bad_input_changes_nothing() {
     // An unreachable store: exit 3, nothing written.
     let dead = dead_endpoint();
     let ran = taskstage_at(&dead, &["pause", "t2"]);
-    assert_error(&ran, 3, &["etcd unreachable", &dead, "--endpoints"]);
+    assert_error(&ran, 3, &["store unreachable", &dead, "--endpoints"]);
     let ran = taskstage_at(&dead, &["list", "--output", "json"]);
     assert_eq!(ran.code, 3);
     assert_eq!(ran.json_errors()[0]["error_code"], "unreachable");
@@ -738,7 +738,7 @@ fn a_pause_that_a_stubborn_unit_cannot_answer_times_out_and_names_it() {
         .recv_timeout(WAIT)
         .expect("watch said that etcd does not answer");
     assert!(
-        said.contains("watch: etcd unreachable") && said.ends_with("(still watching)"),
+        said.contains("watch: store unreachable") && said.ends_with("(still watching)"),
         "{said}"
     );
     assert!(watch.try_wait().is_none(), "watch ended with etcd gone");
@@ -1014,4 +1014,111 @@ fn serve_needs_a_token_by_default_and_prints_the_url_that_carries_it() {
         wait_exit(&mut open, WAIT, "serve --no-token after SIGINT"),
         0
     );
+}
+
+/// Runs `taskstage --store STORE --prefix cli ARGS` (at most 60 s; killed after).
+fn taskstage_on_file(store: &str, args: &[&str]) -> Ran {
+    let mut command = Command::new(BIN);
+    command
+        .args(["--store", store, "--prefix", PREFIX])
+        .args(args)
+        .env_remove("ETCD_ENDPOINTS")
+        .env_remove("TASKSTAGE_STORE")
+        .env_remove("TASKSTAGE_PREFIX");
+    run(command, args, None)
+}
+
+/// The command on the store file of one machine (`--store sqlite:PATH`), beside a
+/// worker process on the same file and with no etcd: create, resume and pause
+/// answer as on etcd; after the worker is killed with -9 and another started, the
+/// paused task is still Paused, and a resume runs it on the new one. A `--store`
+/// that is not `sqlite:PATH`, or names a file that is not a store, is bad input
+/// that changes nothing.
+#[test]
+fn the_command_runs_on_a_store_file_beside_a_worker_process() {
+    let dir = std::env::temp_dir().join(format!(
+        "taskstage-cli-file-{}-{}",
+        std::process::id(),
+        fastrand::u64(..)
+    ));
+    std::fs::create_dir_all(&dir).expect("a temp dir");
+    struct Gone(PathBuf);
+    impl Drop for Gone {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let _gone = Gone(dir.clone());
+    let store = format!("sqlite:{}", dir.join("tasks.db").display());
+    let w1 = WORKERS.spawn(
+        "w1",
+        std::slice::from_ref(&store),
+        &dir,
+        Settings::default(),
+    );
+    let spec = dir.join("orders.json");
+    std::fs::write(&spec, b"{}").expect("a spec file");
+    let spec = spec.display().to_string();
+
+    let ran = taskstage_on_file(&store, &["create", "orders", "--spec-file", &spec]);
+    assert_eq!(ran.code, 0, "{ran:?}");
+    let ran = taskstage_on_file(&store, &["resume", "orders", "--timeout", "20s"]);
+    assert_eq!(ran.code, 0, "{ran:?}");
+    let ran = taskstage_on_file(&store, &["pause", "orders", "--timeout", "20s"]);
+    assert_eq!(ran.code, 0, "{ran:?}");
+    let listed = taskstage_on_file(&store, &["--output", "json", "list"]);
+    assert_eq!(listed.code, 0, "{listed:?}");
+    let orders = entry(&listed.json(), "orders").clone();
+    assert_eq!(orders["desired"], "Paused", "{orders}");
+    assert_eq!(orders["observed"], "Paused", "{orders}");
+    assert_eq!(orders["owner"], "w1", "{orders}");
+
+    drop(w1); // SIGKILL, by pid
+    let _w2 = WORKERS.spawn(
+        "w2",
+        std::slice::from_ref(&store),
+        &dir,
+        Settings::default(),
+    );
+    let deadline = Instant::now() + WAIT;
+    // Bounded by the deadline: each turn runs the command once.
+    loop {
+        let workers = taskstage_on_file(&store, &["--output", "json", "workers"]);
+        assert_eq!(workers.code, 0, "{workers:?}");
+        let members = workers.json();
+        let ids: Vec<&str> = members
+            .as_array()
+            .map(|a| a.iter().filter_map(|w| w["worker"].as_str()).collect())
+            .unwrap_or_default();
+        if ids == ["w2"] {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "w1 never left, or w2 never joined: {members}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let status = taskstage_on_file(&store, &["--output", "json", "status", "orders"]);
+    assert_eq!(status.code, 0, "{status:?}");
+    assert_eq!(status.json()["desired"], "Paused", "{status:?}");
+    assert_ne!(status.json()["observed"], "Running", "{status:?}");
+    let ran = taskstage_on_file(&store, &["resume", "orders", "--timeout", "20s"]);
+    assert_eq!(ran.code, 0, "{ran:?}");
+    let status = taskstage_on_file(&store, &["--output", "json", "status", "orders"]);
+    assert_eq!(status.json()["owner"], "w2", "{status:?}");
+    assert_eq!(status.json()["observed"], "Running", "{status:?}");
+
+    let ran = taskstage_on_file("postgres://db/tasks", &["list"]);
+    assert_eq!(ran.code, 2, "{ran:?}");
+    assert!(ran.stderr.contains("sqlite:PATH"), "{ran:?}");
+    let text = dir.join("notes.txt");
+    std::fs::write(&text, "not a store\n").expect("written");
+    let ran = taskstage_on_file(&format!("sqlite:{}", text.display()), &["list"]);
+    assert_error(
+        &ran,
+        2,
+        &["list: store file", "notes.txt", "not a taskstage store"],
+    );
+    assert_eq!(std::fs::read(&text).expect("read"), b"not a store\n");
 }
