@@ -5,7 +5,9 @@
 //! ```
 //!
 //! Starts a local 3-member etcd (temporary directories in `/dev/shm` where it exists,
-//! random 127.0.0.1 ports; or uses `ETCD_ENDPOINTS`, comma-separated), creates the
+//! random 127.0.0.1 ports; or uses `ETCD_ENDPOINTS`, comma-separated), or with
+//! `--on-file` opens a store file of its own (the embedded store: no server, and no
+//! store reads are counted), creates the
 //! tasks, starts the worker *processes* (this program again, with the hidden
 //! `--scale-worker` flag) and runs these phases, each bounded in time:
 //!
@@ -85,15 +87,15 @@ use std::time::Duration;
 
 use taskstage::{RunContext, RunError, RunExit, Stage, Task, Unit};
 use taskstage_cluster::{
-    ClusterError, Controller, DesiredStage, EtcdCoordinator, EtcdOptions, Fencer, TaskSpec,
-    TaskStatus, Worker,
+    ClusterError, Controller, DesiredStage, EtcdCoordinator, EtcdOptions, Fencer,
+    SqliteCoordinator, TaskSpec, TaskStatus, Worker,
 };
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use harness::history::{now_ns, Fault, History, Recorder, WriteOutcome};
 use harness::overload::{self, Block, Blocker, DutyCycle, Hogs};
-use harness::{ChildGuard, EtcdCluster};
+use harness::{AnyStore, ChildGuard, EtcdCluster};
 use taskstage_harness::cluster as harness;
 
 /// The hidden first argument of a worker process.
@@ -154,6 +156,8 @@ struct Options {
     overload: bool,
     /// The CPU hogs of `--overload`, if not two per core.
     hogs: Option<usize>,
+    /// `--on-file`: the store is one SQLite file in the run's directory, no etcd.
+    on_file: bool,
 }
 
 impl Default for Options {
@@ -166,6 +170,7 @@ impl Default for Options {
             pauses: 50,
             overload: false,
             hogs: None,
+            on_file: false,
         }
     }
 }
@@ -199,7 +204,7 @@ enum ArgError {
         why: &'static str,
     },
     /// An option this program does not know.
-    #[error("unknown argument {0:?} (known: --tasks N, --workers N, --ttl-secs S, --capacity N, --pauses N, --overload, --hogs N)")]
+    #[error("unknown argument {0:?} (known: --tasks N, --workers N, --ttl-secs S, --capacity N, --pauses N, --overload, --hogs N, --on-file)")]
     Unknown(String),
     /// An option that only means something with `--overload`.
     #[error("{0} is an option of --overload")]
@@ -231,6 +236,7 @@ fn parse(args: &[String]) -> Result<Options, ArgError> {
             }
             "--pauses" => options.pauses = value("1 to 10000 pauses", 1, 10_000)? as usize,
             "--overload" => options.overload = true,
+            "--on-file" => options.on_file = true,
             "--hogs" => options.hogs = Some(value("1 to 256 processes", 1, 256)? as usize),
             other => return Err(ArgError::Unknown(other.to_owned())),
         }
@@ -648,12 +654,14 @@ fn worker_main(args: &[String]) -> ExitCode {
     runtime.block_on(async move {
         // Bounded: at most 1,000 joins; the run ends the process long before.
         for _ in 0..1_000 {
-            let coord = match EtcdCoordinator::connect(
-                args.endpoints.clone(),
-                EtcdOptions::default(),
-            )
-            .await
-            {
+            let file = args.endpoints[0].strip_prefix("sqlite:").map(PathBuf::from);
+            let coord = match &file {
+                Some(path) => SqliteCoordinator::open(path).await.map(AnyStore::new),
+                None => EtcdCoordinator::connect(args.endpoints.clone(), EtcdOptions::default())
+                    .await
+                    .map(AnyStore::new),
+            };
+            let coord = match coord {
                 Ok(coord) => coord,
                 Err(error) => {
                     eprintln!("worker {}: connect failed: {error}", args.id);
@@ -1066,6 +1074,10 @@ impl Run {
     /// Range requests served so far, summed over every member's `/metrics`; `None`
     /// if a member did not answer.
     fn reads(&self) -> Option<f64> {
+        if self.options.on_file {
+            // No server counts them.
+            return None;
+        }
         let mut total = 0.0;
         for endpoint in &self.endpoints {
             let text = http_get(endpoint, "/metrics")?;
@@ -1175,7 +1187,9 @@ async fn run(options: &Options, figures: &mut Figures, dir: &Path) -> Result<(),
     let started = Instant::now();
     figures.tasks = options.tasks;
     figures.workers = options.workers;
+    let file = dir.join("store.db");
     let (_etcd, endpoints) = match std::env::var("ETCD_ENDPOINTS") {
+        _ if options.on_file => (None, vec![format!("sqlite:{}", file.display())]),
         Ok(list) if !list.trim().is_empty() => (
             None,
             list.split(',')
@@ -1190,9 +1204,19 @@ async fn run(options: &Options, figures: &mut Figures, dir: &Path) -> Result<(),
     };
     let prefix = format!("scale-{}-{}", std::process::id(), now_ns());
     let history = dir.join("history");
-    let coord = EtcdCoordinator::connect(endpoints.clone(), EtcdOptions::default())
-        .await
-        .map_err(cluster("connect to etcd"))?;
+    let coord = if options.on_file {
+        AnyStore::new(
+            SqliteCoordinator::open(&file)
+                .await
+                .map_err(cluster("open the store file"))?,
+        )
+    } else {
+        AnyStore::new(
+            EtcdCoordinator::connect(endpoints.clone(), EtcdOptions::default())
+                .await
+                .map_err(cluster("connect to etcd"))?,
+        )
+    };
     let recorder = Recorder::create(&history, "controller").map_err(io("create the history"))?;
     let (exits, exited) = if options.overload {
         let (tx, rx) = mpsc::unbounded_channel();

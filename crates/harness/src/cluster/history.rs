@@ -811,6 +811,33 @@ impl History {
         gaps
     }
 
+    /// How many runs of `task` started at or after `since`.
+    pub fn starts_since(&self, task: &str, since: u64) -> usize {
+        self.runs
+            .values()
+            .filter(|r| r.task == task && r.start >= since)
+            .count()
+    }
+
+    /// The id and the send instant of the last write of `task` the store
+    /// acknowledged as accepted (by acknowledgement), of those that carried an id.
+    pub fn last_accepted(&self, task: &str) -> Option<(&str, u64)> {
+        self.writes
+            .iter()
+            .filter(|w| w.task == task && w.outcome == WriteOutcome::Accepted)
+            .filter_map(|w| Some((w.id.as_deref()?, w.sent, w.acked)))
+            .max_by_key(|(_, _, acked)| *acked)
+            .map(|(id, sent, _)| (id, sent))
+    }
+
+    /// When the write that carried `id` was sent, if the history holds it.
+    pub fn sent_of(&self, id: &str) -> Option<u64> {
+        self.writes
+            .iter()
+            .find(|w| w.id.as_deref() == Some(id))
+            .map(|w| w.sent)
+    }
+
     /// When the first run of `task` started, if one did.
     pub fn first_start(&self, task: &str) -> Option<u64> {
         self.runs
