@@ -679,7 +679,8 @@ fn drop_lease(tx: &rusqlite::Transaction<'_>, id: i64) -> rusqlite::Result<()> {
         return Ok(());
     }
     let keys: Vec<String> = tx
-        .prepare_cached("SELECT key FROM kv WHERE lease = ?1 ORDER BY key")?
+        // `lease <> 0` lets SQLite use the partial index on the lease.
+        .prepare_cached("SELECT key FROM kv WHERE lease = ?1 AND lease <> 0 ORDER BY key")?
         .query_map([id], |row| row.get(0))?
         .collect::<rusqlite::Result<_>>()?;
     if keys.is_empty() {
@@ -745,7 +746,9 @@ fn holds(tx: &rusqlite::Transaction<'_>, compare: &Compare) -> rusqlite::Result<
     })
 }
 
-/// Whether `key` starts with `prefix`, in SQL: the keys are compared as bytes.
+/// Whether `key` starts with `prefix` (`?1`), in SQL. A listing also bounds the
+/// key from above by the prefix and the highest code point, so that SQLite reads
+/// only the prefix's range of the primary key.
 const UNDER_PREFIX: &str = "substr(key, 1, length(?1)) = ?1";
 
 /// What a watch reads from the file from revision `from` on.
@@ -853,7 +856,8 @@ impl Coordinator for SqliteCoordinator {
             let read = move |tx: &rusqlite::Transaction<'_>, _: &Inner| {
                 let sql = format!(
                     "SELECT key, value, create_revision, mod_revision, lease FROM kv \
-                     WHERE key >= ?1 AND {UNDER_PREFIX} ORDER BY key"
+                     WHERE key >= ?1 AND key < ?1 || char(1114111) AND {UNDER_PREFIX} \
+                     ORDER BY key"
                 );
                 let kvs = tx
                     .prepare_cached(&sql)?

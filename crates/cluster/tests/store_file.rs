@@ -562,3 +562,27 @@ async fn a_file_locked_by_another_program_is_a_typed_error_in_bounded_time() {
     assert!(wrote.succeeded);
     assert_eq!(store.list("k".into()).await.expect("a read").kvs.len(), 1);
 }
+
+/// The code block after `heading` in `text` that opens with `fence`.
+fn block_after<'a>(text: &'a str, heading: &str, fence: &str) -> &'a str {
+    let from = text.find(heading).expect("the heading") + heading.len();
+    let open = text[from..].find(fence).expect("the block") + from + fence.len();
+    let close = text[open..].find("\n```\n").expect("its end") + open;
+    &text[open..=close]
+}
+
+/// The README's example of the file store (not compiled there: the core crate's doc
+/// tests cannot name this crate) is the one docs/cluster.md compiles and runs.
+#[test]
+fn the_readmes_example_of_the_file_store_is_the_one_the_docs_run() {
+    let readme = include_str!("../../../README.md");
+    let docs = include_str!("../../../docs/cluster.md");
+    assert_eq!(
+        block_after(
+            readme,
+            "## A pause that survives a restart",
+            "```rust,ignore\n"
+        ),
+        block_after(docs, "**One process, one file.**", "```rust\n"),
+    );
+}
