@@ -1243,7 +1243,7 @@ async fn run(options: &Options, figures: &mut Figures, dir: &Path) -> Result<(),
         started,
     };
     run.note(&format!(
-        "etcd at {}; prefix {prefix}; {} tasks, {} workers, TTL {} s, capacity {}",
+        "store at {}; prefix {prefix}; {} tasks, {} workers, TTL {} s, capacity {}",
         endpoints.join(","),
         options.tasks,
         options.workers,

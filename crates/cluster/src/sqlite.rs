@@ -320,15 +320,32 @@ impl SqliteCoordinator {
     }
 
     /// Runs `f` on the connection on the blocking pool.
+    ///
+    /// `f` is told whether the caller is gone (its future dropped, at its deadline):
+    /// a write checks it before it commits, under the connection's lock, and rolls
+    /// back when it is. A call its caller gave up on therefore never commits after
+    /// a later call of this process: without the check, a checkpoint a unit wrote
+    /// after a timed-out one was overwritten by it when the blocking pool got to it.
     async fn call<T: Send + 'static>(
         &self,
         op: &'static str,
-        f: impl FnOnce(&mut Connection, &Inner) -> rusqlite::Result<T> + Send + 'static,
+        f: impl FnOnce(&mut Connection, &Inner, &dyn Fn() -> bool) -> rusqlite::Result<T>
+            + Send
+            + 'static,
     ) -> Result<T, ClusterError> {
         let inner = Arc::clone(&self.inner);
+        let caller = tokio_util::sync::CancellationToken::new();
+        // Dropped with this future: when the caller gives up, the token says so.
+        let _gone_with_the_caller = caller.clone().drop_guard();
         let joined = tokio::task::spawn_blocking(move || {
             let mut conn = inner.conn.lock().unwrap_or_else(PoisonError::into_inner);
-            f(&mut conn, &inner)
+            if caller.is_cancelled() {
+                return Err(rusqlite::Error::SqliteFailure(
+                    rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_INTERRUPT),
+                    Some("the caller gave up before the call began".into()),
+                ));
+            }
+            f(&mut conn, &inner, &|| caller.is_cancelled())
         })
         .await;
         match joined {
@@ -357,7 +374,7 @@ impl SqliteCoordinator {
         f: impl FnOnce(&rusqlite::Transaction<'_>, &Inner) -> rusqlite::Result<T> + Send + 'static,
     ) -> Result<T, ClusterError> {
         let (value, moved) = self
-            .call(op, move |conn, inner| {
+            .call(op, move |conn, inner, gone| {
                 let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
                 let before = meta(&tx, "revision")?;
                 let next_lease = meta(&tx, "next_lease")?;
@@ -370,6 +387,14 @@ impl SqliteCoordinator {
                 // A new lease's deadline matters to the others' expiry as a new
                 // revision does to their watches.
                 let leases = meta(&tx, "next_lease")?;
+                if gone() {
+                    // Dropped, so rolled back: the caller counts it as unknown, and
+                    // it is not applied after what that caller sends next.
+                    return Err(rusqlite::Error::SqliteFailure(
+                        rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_INTERRUPT),
+                        Some("the caller gave up before the commit".into()),
+                    ));
+                }
                 tx.commit()?;
                 let moved = after != before || leases != next_lease;
                 if moved {
@@ -399,7 +424,7 @@ impl SqliteCoordinator {
         op: &'static str,
         f: impl FnOnce(&rusqlite::Transaction<'_>, &Inner) -> rusqlite::Result<T> + Send + 'static,
     ) -> Result<Option<T>, ClusterError> {
-        self.call(op, move |conn, inner| {
+        self.call(op, move |conn, inner, _| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Deferred)?;
             if any_due(&tx, inner)? {
                 return Ok(None);
@@ -470,7 +495,8 @@ fn open_file(path: &Path, lock_timeout: Duration) -> Result<Connection, ClusterE
             | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )
     .map_err(fail)?;
-    conn.busy_timeout(lock_timeout).map_err(fail)?;
+    let mut conn = conn;
+    wait_for_locks(&mut conn, lock_timeout).map_err(fail)?;
     // SQLite opens a file it may not write read-only, silently.
     if conn.is_readonly("main").map_err(fail)? {
         return Err(file_error(
@@ -525,7 +551,6 @@ fn open_file(path: &Path, lock_timeout: Duration) -> Result<Connection, ClusterE
     conn.execute_batch("PRAGMA synchronous = FULL;")
         .map_err(fail)?;
     if fresh {
-        let mut conn = conn;
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(fail)?;
@@ -554,6 +579,31 @@ fn open_file(path: &Path, lock_timeout: Duration) -> Result<Connection, ClusterE
         return Err(file_error(path, FileProblem::Corrupt { detail: check }));
     }
     Ok(conn)
+}
+
+/// How often a call that waits for another process's write tries the lock again.
+const LOCK_RETRY: Duration = Duration::from_micros(250);
+
+/// Makes a call that finds the file locked try again every [`LOCK_RETRY`] until
+/// `timeout` has passed since its first try. SQLite's own busy timeout sleeps ever
+/// longer between tries (up to 100 ms), and a process that writes without a pause
+/// (a worker claiming a thousand tasks) then holds the lock at nearly every try of
+/// the others: one creating tasks beside it waited past a second. Short tries find
+/// the gaps between its transactions.
+fn wait_for_locks(conn: &mut Connection, timeout: Duration) -> rusqlite::Result<()> {
+    let mut first = std::time::Instant::now();
+    conn.busy_handler(Some(move |tries: i32| {
+        let now = std::time::Instant::now();
+        if tries == 0 {
+            first = now;
+        }
+        let waited = now.duration_since(first);
+        if waited >= timeout {
+            return false;
+        }
+        std::thread::sleep(LOCK_RETRY.min(timeout - waited));
+        true
+    }))
 }
 
 /// Starts the thread that moves `changes` whenever the kernel says the file or its
@@ -798,7 +848,76 @@ fn ttl_ms(ttl: Duration) -> i64 {
     i64::try_from(ms).unwrap_or(i64::MAX / 4)
 }
 
+/// A store on the same file with a connection of its own, opened on its first call
+/// (see [`Coordinator::fresh_connection`]).
+struct OpenedOnFirstCall {
+    path: PathBuf,
+    options: SqliteOptions,
+    store: tokio::sync::OnceCell<SqliteCoordinator>,
+}
+
+impl OpenedOnFirstCall {
+    async fn store(&self) -> Result<&SqliteCoordinator, ClusterError> {
+        self.store
+            .get_or_try_init(|| SqliteCoordinator::open_with(&self.path, self.options.clone()))
+            .await
+    }
+}
+
+impl Coordinator for OpenedOnFirstCall {
+    fn grant(&self, ttl: Duration) -> BoxFuture<'_, Result<Grant, ClusterError>> {
+        Box::pin(async move { self.store().await?.grant(ttl).await })
+    }
+
+    fn keep_alive(&self, lease: i64) -> BoxFuture<'_, Result<KeepAlive, ClusterError>> {
+        Box::pin(async move { self.store().await?.keep_alive(lease).await })
+    }
+
+    fn revoke(&self, lease: i64) -> BoxFuture<'_, Result<(), ClusterError>> {
+        Box::pin(async move { self.store().await?.revoke(lease).await })
+    }
+
+    fn list(&self, prefix: String) -> BoxFuture<'_, Result<Listing, ClusterError>> {
+        Box::pin(async move { self.store().await?.list(prefix).await })
+    }
+
+    fn txn(&self, txn: Txn) -> BoxFuture<'_, Result<TxnResult, ClusterError>> {
+        Box::pin(async move { self.store().await?.txn(txn).await })
+    }
+
+    fn watch(&self, prefix: String, from: i64) -> BoxFuture<'_, Result<WatchStream, ClusterError>> {
+        Box::pin(async move { self.store().await?.watch(prefix, from).await })
+    }
+
+    fn wait_change(
+        &self,
+        prefix: String,
+        after: i64,
+        timeout: Duration,
+    ) -> BoxFuture<'_, Result<(), ClusterError>> {
+        Box::pin(async move {
+            self.store()
+                .await?
+                .wait_change(prefix, after, timeout)
+                .await
+        })
+    }
+}
+
 impl Coordinator for SqliteCoordinator {
+    /// Another open of the file, with its own connection: a worker keeps its lease
+    /// through it, so that a keep-alive never waits behind the process's other
+    /// calls (a thousand units' checkpoints) for the one connection.
+    fn fresh_connection(&self) -> Option<Arc<dyn Coordinator>> {
+        Some(Arc::new(OpenedOnFirstCall {
+            path: self.inner.path.clone(),
+            options: SqliteOptions {
+                lock_timeout: self.inner.lock_timeout,
+            },
+            store: tokio::sync::OnceCell::new(),
+        }))
+    }
+
     fn grant(&self, ttl: Duration) -> BoxFuture<'_, Result<Grant, ClusterError>> {
         Box::pin(async move {
             let ms = ttl_ms(ttl);
@@ -971,7 +1090,7 @@ impl Coordinator for SqliteCoordinator {
                     changes.borrow_and_update();
                     let prefix = prefix.clone();
                     let read = store
-                        .call("watch", move |conn, _| {
+                        .call("watch", move |conn, _, _| {
                             let tx =
                                 conn.transaction_with_behavior(TransactionBehavior::Deferred)?;
                             replay(&tx, &prefix, next)

@@ -586,3 +586,62 @@ fn the_readmes_example_of_the_file_store_is_the_one_the_docs_run() {
         block_after(docs, "**One process, one file.**", "```rust\n"),
     );
 }
+
+/// A call its caller gave up on (its deadline passed while the file was locked) is
+/// never applied after a call the same caller made next: a unit's checkpoint
+/// written after a timed-out one is not overwritten by it when the lock frees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_given_up_on_is_never_applied_after_the_next_one() {
+    let dir = TempDir::new("given-up");
+    let path = dir.file();
+    let store = SqliteCoordinator::open_with(&path, SqliteOptions::default().lock_timeout(WAIT))
+        .await
+        .expect("opened");
+    let put = |key: String, value: &[u8]| Txn {
+        when: vec![],
+        then: vec![Op::Put {
+            key,
+            value: value.to_vec(),
+            lease: None,
+        }],
+    };
+    const KEYS: usize = 20;
+    let holder = rusqlite::Connection::open(&path).expect("another program's connection");
+    holder
+        .execute_batch("BEGIN EXCLUSIVE;")
+        .expect("the lock taken");
+    // Held up by the lock: the call that takes the connection first, and the rest
+    // queued behind it.
+    let first = {
+        let store = store.clone();
+        tokio::spawn(async move { store.txn(put("first".into(), b"1")).await })
+    };
+    let mut next = Vec::new();
+    for i in 0..KEYS {
+        let key = format!("k/{i:02}");
+        let gave_up = tokio::time::timeout(
+            Duration::from_millis(20),
+            store.txn(put(key.clone(), b"old")),
+        )
+        .await;
+        assert!(gave_up.is_err(), "a call went through a held lock");
+        let store = store.clone();
+        next.push(tokio::spawn(
+            async move { store.txn(put(key, b"new")).await },
+        ));
+    }
+    holder.execute_batch("COMMIT;").expect("the lock released");
+    first.await.expect("joined").expect("written");
+    for call in next {
+        call.await.expect("joined").expect("written");
+    }
+    let listing = store.list("k/".into()).await.expect("a read");
+    assert_eq!(listing.kvs.len(), KEYS);
+    for kv in &listing.kvs {
+        assert_eq!(
+            kv.value, b"new",
+            "{} went back to the call given up on",
+            kv.key
+        );
+    }
+}

@@ -149,7 +149,8 @@ async fn paused_tasks_stay_paused_and_the_rest_resume_across_kills_of_the_worker
     let (paused, others) = tasks.split_at(count / 5);
     for task in paused {
         let answer = controller.pause_within(task, WAIT).await.expect("paused");
-        assert_eq!(answer.stage, Stage::Paused);
+        let status = controller.status(task).await.expect("a status");
+        assert_eq!(answer.stage, Stage::Paused, "{task}: {answer:?} {status:?}");
     }
     let paused_at = now_ns();
 
