@@ -665,3 +665,69 @@ async fn a_call_given_up_on_is_never_applied_after_the_next_one() {
     let applied = values.iter().filter(|v| v.as_slice() == b"old").count();
     assert_eq!(applied, 0, "calls given up on were applied: {values:?}");
 }
+
+/// A process that writes without a pause (a worker claiming a thousand tasks) does
+/// not shut another out: each write of the other waits at most the lock timeout,
+/// and none had to fail. SQLite's own busy timeout, which sleeps up to 100 ms
+/// between tries, lost the lock to the busy writer past a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_writer_beside_does_not_shut_another_out() {
+    let dir = TempDir::new("busy-writer");
+    let busy = SqliteCoordinator::open(dir.file()).await.expect("opened");
+    let other = SqliteCoordinator::open_with(
+        dir.file(),
+        SqliteOptions::default().lock_timeout(Duration::from_millis(500)),
+    )
+    .await
+    .expect("opened again");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writers: Vec<_> = (0..4)
+        .map(|w| {
+            let (busy, stop) = (busy.clone(), std::sync::Arc::clone(&stop));
+            tokio::spawn(async move {
+                let mut n = 0u64;
+                // Bounded by the test, which stops it.
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) && n < 1_000_000 {
+                    let _ = busy
+                        .txn(Txn {
+                            when: vec![],
+                            then: vec![Op::Put {
+                                key: format!("busy/{w}"),
+                                value: n.to_string().into_bytes(),
+                                lease: None,
+                            }],
+                        })
+                        .await;
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+    let mut worst = Duration::ZERO;
+    for i in 0..100 {
+        let sent = Instant::now();
+        other
+            .txn(Txn {
+                when: vec![],
+                then: vec![Op::Put {
+                    key: format!("other/{i:03}"),
+                    value: b"v".to_vec(),
+                    lease: None,
+                }],
+            })
+            .await
+            .unwrap_or_else(|e| panic!("write {i} beside the busy writer: {e}"));
+        worst = worst.max(sent.elapsed());
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut busy_writes = 0;
+    for writer in writers {
+        busy_writes += writer.await.expect("joined");
+    }
+    eprintln!("100 writes beside {busy_writes} of a busy writer: the slowest took {worst:?}");
+    assert!(
+        busy_writes > 100,
+        "the busy writer was not busy: {busy_writes}"
+    );
+}
