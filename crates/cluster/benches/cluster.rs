@@ -37,7 +37,7 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use taskstage::{RunContext, RunError, RunExit, Stage, Task, Unit};
 use taskstage_cluster::{
     BoxFuture, ClusterError, Controller, Coordinator, DesiredStage, Grant, KeepAlive, Listing,
-    MemoryCoordinator, Txn, TxnResult, WatchStream, Worker,
+    MemoryCoordinator, SqliteCoordinator, Txn, TxnResult, WatchStream, Worker,
 };
 use tokio::runtime::Runtime;
 use tokio::sync::Semaphore;
@@ -89,7 +89,11 @@ struct Cluster {
 
 impl Cluster {
     async fn new() -> Cluster {
-        let store = MemoryCoordinator::new();
+        Cluster::on(MemoryCoordinator::new()).await
+    }
+
+    /// A worker and a controller on `store`.
+    async fn on(store: impl Coordinator + Clone) -> Cluster {
         let runs = Arc::new(Semaphore::new(0));
         let signal = Arc::clone(&runs);
         let worker = Worker::builder(store.clone(), "bench", "w1")
@@ -276,5 +280,61 @@ fn pause_through_a_store(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, create_to_first_run, pause_through_a_store);
+/// The store file beside the in-memory store, each with a worker and a controller
+/// in this process: create → first run, and a pause of a running task, answered.
+fn the_file_beside_memory(c: &mut Criterion) {
+    let rt = runtime();
+    let dir = std::env::temp_dir().join(format!("taskstage-bench-file-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a temp dir");
+    let (memory, file) = rt.block_on(async {
+        let file = SqliteCoordinator::open(dir.join("store.db"))
+            .await
+            .expect("a store file");
+        (
+            Cluster::on(MemoryCoordinator::new()).await,
+            Cluster::on(file).await,
+        )
+    });
+    for cluster in [&memory, &file] {
+        rt.block_on(async {
+            cluster
+                .controller
+                .create("p", Vec::new(), DesiredStage::Running)
+                .await
+                .expect("create");
+            started(&cluster.runs, "the paused task").await;
+        });
+    }
+    let mut group = c.benchmark_group("the_file_beside_memory");
+    group.bench_function("memory_create_to_first_run", |b| {
+        b.iter_custom(|iters| rt.block_on(memory.creates(iters)))
+    });
+    group.bench_function("file_create_to_first_run", |b| {
+        b.iter_custom(|iters| rt.block_on(file.creates(iters)))
+    });
+    group.bench_function("memory_pause", |b| {
+        b.iter_custom(|iters| rt.block_on(cluster_pauses(&memory.controller, &memory.runs, iters)))
+    });
+    group.bench_function("file_pause", |b| {
+        b.iter_custom(|iters| rt.block_on(cluster_pauses(&file.controller, &file.runs, iters)))
+    });
+    group.finish();
+    rt.block_on(async {
+        for cluster in [memory, file] {
+            cluster
+                .worker
+                .shutdown()
+                .await
+                .expect("the worker shuts down");
+        }
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+criterion_group!(
+    benches,
+    create_to_first_run,
+    pause_through_a_store,
+    the_file_beside_memory
+);
 criterion_main!(benches);
