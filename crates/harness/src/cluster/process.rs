@@ -38,8 +38,8 @@ use std::time::Duration;
 use super::unfenced::{Unfenced, BELIEVED_TTL};
 use taskstage::{RunContext, RunError, RunExit, Task, TaskBuilder, Unit};
 use taskstage_cluster::{
-    ClusterError, Coordinator, EtcdCoordinator, EtcdOptions, FactoryError, FenceToken, Fencer,
-    SqliteCoordinator, TaskSpec, Worker, WorkerBuilder,
+    ClusterError, Coordinator, FactoryError, FenceToken, Fencer, SqliteCoordinator, TaskSpec,
+    Worker, WorkerBuilder,
 };
 
 use super::history::{now_ns, Recorder, WriteOutcome};
@@ -250,9 +250,20 @@ pub fn worker_process(kind: &WorkerKind) {
                 Some(path) => SqliteCoordinator::open(path)
                     .await
                     .map(|coord| builder_on(coord, unfenced, ttl, &prefix, &id)),
-                None => EtcdCoordinator::connect(endpoints.clone(), EtcdOptions::default())
-                    .await
-                    .map(|coord| builder_on(coord, unfenced, ttl, &prefix, &id)),
+                #[cfg(feature = "etcd")]
+                None => taskstage_cluster::EtcdCoordinator::connect(
+                    endpoints.clone(),
+                    taskstage_cluster::EtcdOptions::default(),
+                )
+                .await
+                .map(|coord| builder_on(coord, unfenced, ttl, &prefix, &id)),
+                #[cfg(not(feature = "etcd"))]
+                None => {
+                    eprintln!(
+                        "worker {id}: {endpoints:?} is not sqlite:PATH, and this build has no etcd"
+                    );
+                    std::process::exit(2);
+                }
             };
             let builder = match builder {
                 Ok(builder) => builder,
