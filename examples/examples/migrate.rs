@@ -19,6 +19,8 @@ use std::sync::Arc;
 
 use taskstage_examples::migrate::cli::{self, Invocation};
 use taskstage_examples::migrate::report::{self, Screen};
+#[cfg(feature = "file")]
+use taskstage_examples::migrate::restart;
 use taskstage_examples::migrate::{cluster, program};
 
 fn main() -> ExitCode {
@@ -32,6 +34,13 @@ fn main() -> ExitCode {
     let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
     if cluster::wanted(&args) {
         return cluster::main(args);
+    }
+    #[cfg(feature = "file")]
+    if args
+        .first()
+        .is_some_and(|a| a == restart::RESTART_FLAG || a == restart::WORKER_FLAG)
+    {
+        return restart::main(args);
     }
     let options = match cli::parse(args, fastrand::u64(..)) {
         Ok(Invocation::Help) => {
@@ -60,15 +69,48 @@ fn main() -> ExitCode {
     match result {
         Ok(summary) => {
             print!("{}", report::render(&summary));
-            if summary.verified() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
+            if !summary.verified() {
+                return ExitCode::FAILURE;
             }
         }
         Err(e) => {
             eprintln!("migrate: {e}");
-            ExitCode::from(e.exit_code())
+            return ExitCode::from(e.exit_code());
         }
     }
+    drop(runtime);
+    // Then the same migration across a kill -9, on the store file (not for a
+    // source of the user's own: it generates its tables).
+    #[cfg(feature = "file")]
+    if options.source.is_none() {
+        let options = restart::RestartOptions {
+            rows: (options.rows / restart::TABLES as u64).max(restart::MIN_ROWS),
+            seed: options.seed,
+            quiet: options.quiet,
+        };
+        println!(
+            "\nand now across a restart: {} tables, a worker process killed with SIGKILL in \
+             the middle of a copy and started again, its pauses and checkpoints kept in one \
+             store file",
+            restart::TABLES
+        );
+        let screen = Arc::new(Screen::new(options.quiet));
+        let result = restart::run_blocking(&options, &screen);
+        screen.finish();
+        return match result {
+            Ok(summary) => {
+                print!("{}", summary.render());
+                if summary.verified() {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::FAILURE
+                }
+            }
+            Err(e) => {
+                eprintln!("migrate: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    ExitCode::SUCCESS
 }

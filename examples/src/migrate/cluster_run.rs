@@ -13,22 +13,24 @@
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode, Stdio};
+use std::process::{ExitCode, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use taskstage::{RunContext, RunError, RunExit, Stage, Task, Unit};
+use taskstage::{Stage, Task};
 use taskstage_cluster::{
-    ClusterError, Controller, DesiredStage, EtcdCoordinator, EtcdOptions, Fencer, TaskSpec, Worker,
+    ClusterError, Controller, DesiredStage, EtcdCoordinator, EtcdOptions, TaskSpec, Worker,
 };
 use tokio::time::Instant;
 
 use super::{ClusterOptions, WORKER_FLAG};
-use crate::migrate::db::{self, Db, Step, SyncStep, WORK_BUSY};
+use crate::migrate::db::{self, Db, WORK_BUSY};
+pub use crate::migrate::fenced::Launcher;
+use crate::migrate::fenced::{FencedStep, Table};
 use crate::migrate::report::{thousands, Screen, UNIT_NAMES};
 
-use harness::history::{now_ns, Fault, History, Recorder, Verdict, WriteOutcome};
-use harness::{exit_when_stdin_closes, signal_pid, ChildGuard};
+use harness::history::{now_ns, Fault, History, Recorder, Verdict};
+use harness::{signal_pid, ChildGuard};
 use taskstage_harness::cluster as harness;
 
 /// The one task.
@@ -37,25 +39,10 @@ const TASK: &str = "migration";
 const TTL: Duration = Duration::from_secs(2);
 const STOP_BOUND: Duration = Duration::from_millis(600);
 const RESYNC: Duration = Duration::from_millis(200);
-/// A unit's pause between batches: the demonstration is about faults, and a gap
-/// between transactions is where a frozen owner is most often caught.
-const PACE: Duration = Duration::from_millis(20);
 /// How soon after a thaw a frozen owner must have dropped its run.
 const THAW_ALLOWANCE: Duration = Duration::from_millis(1_500);
 /// The bound of every wait of the controller.
 const WAIT: Duration = Duration::from_secs(30);
-
-/// How to start a worker process.
-#[derive(Debug, Clone)]
-pub struct Launcher {
-    /// The program.
-    pub program: PathBuf,
-    /// Its arguments before the worker's own.
-    pub args: Vec<OsString>,
-    /// Where the worker's own arguments go: `None` on the command line, `Some(var)`
-    /// in that environment variable (one a line).
-    pub env: Option<String>,
-}
 
 /// A cluster run that could not be carried out.
 #[derive(Debug, thiserror::Error)]
@@ -263,26 +250,19 @@ pub fn worker_main(args: &[String]) -> ExitCode {
         eprintln!("migrate: a cluster worker takes 7 arguments, not {args:?}");
         return ExitCode::from(2);
     };
-    let recorder = match Recorder::create(
-        &args.history,
-        &format!("worker-{}-{}", args.id, std::process::id()),
-    ) {
-        Ok(recorder) => recorder,
-        Err(e) => {
-            eprintln!("migrate: cannot create the worker's history: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    exit_when_stdin_closes();
-    let Ok(runtime) = tokio::runtime::Runtime::new() else {
-        eprintln!("migrate: could not start the tokio runtime");
-        return ExitCode::FAILURE;
-    };
-    runtime.block_on(serve(Arc::new(args), recorder));
-    ExitCode::SUCCESS
+    let (history, id) = (args.history.clone(), args.id.clone());
+    crate::migrate::fenced::worker_process(&history, &id, |recorder| {
+        serve(Arc::new(args), recorder)
+    })
 }
 
 async fn serve(args: Arc<WorkerArgs>, recorder: Arc<Recorder>) {
+    let table = Arc::new(Table {
+        task: TASK.to_owned(),
+        source: args.source.clone(),
+        target: args.target.clone(),
+        batch: args.batch,
+    });
     // Bounded: at most 1,000 joins; the controller ends the process long before.
     for _ in 0..1_000 {
         let coord =
@@ -295,11 +275,13 @@ async fn serve(args: Arc<WorkerArgs>, recorder: Arc<Recorder>) {
                 }
             };
         let factory = {
-            let (args, recorder) = (Arc::clone(&args), Arc::clone(&recorder));
+            let (table, recorder) = (Arc::clone(&table), Arc::clone(&recorder));
+            let worker = args.id.clone();
             move |spec: TaskSpec| {
                 let unit = |step| FencedStep {
                     step,
-                    args: Arc::clone(&args),
+                    table: Arc::clone(&table),
+                    worker: worker.clone(),
                     fencer: spec.fencer.clone(),
                     recorder: Arc::clone(&recorder),
                 };
@@ -324,133 +306,6 @@ async fn serve(args: Arc<WorkerArgs>, recorder: Arc<Recorder>) {
             Err(e) => {
                 eprintln!("worker {}: {e}", args.id);
                 tokio::time::sleep(RESYNC).await;
-            }
-        }
-    }
-}
-
-/// The connections of one step's run: the source (dump and sync) and the fenced
-/// target.
-struct Conns {
-    source: Option<Db>,
-    target: Db,
-}
-
-/// What one batch did.
-enum Batch {
-    /// Rows were written; more are left.
-    Wrote(u64),
-    /// The step is complete.
-    Done,
-    /// The target was busy (another writer's transaction): try again.
-    Busy,
-    /// The fence refused the batch: a newer owner has written.
-    Fenced,
-}
-
-/// One step of the migration (0 dump, 1 load, 2 sync), writing through the fence.
-struct FencedStep {
-    step: usize,
-    args: Arc<WorkerArgs>,
-    fencer: Fencer,
-    recorder: Arc<Recorder>,
-}
-
-fn open(step: usize, args: &WorkerArgs, token: i64) -> Result<Conns, db::DbError> {
-    let source = match step {
-        1 => None,
-        _ => Some(Db::source_read_only(&args.source, WORK_BUSY)?),
-    };
-    let target = Db::target(&args.target, WORK_BUSY)?;
-    db::fence_writes(&target, token)?;
-    Ok(Conns { source, target })
-}
-
-fn batch(step: usize, c: &mut Conns, size: usize, token: i64) -> Result<Batch, db::DbError> {
-    let result = match (step, &mut c.source) {
-        (0, Some(source)) => db::dump_batch(source, &mut c.target, true, size).map(|s| match s {
-            Step::More { items } => Batch::Wrote(items),
-            Step::Done { .. } => Batch::Done,
-        }),
-        (1, _) => db::load_batch(&mut c.target, size).map(|s| match s {
-            Step::More { items } => Batch::Wrote(items),
-            Step::Done { .. } => Batch::Done,
-        }),
-        (_, Some(source)) => match db::sync_batch(source, &mut c.target, true, size) {
-            Ok(SyncStep::Applied { applied, items }) if applied > 0 => Ok(Batch::Wrote(items)),
-            // Caught up, and no writer in this mode: the sync is complete.
-            Ok(SyncStep::Applied { .. }) => db::finish_sync(&mut c.target).map(Batch::Wrote),
-            Ok(SyncStep::Done { .. }) => Ok(Batch::Done),
-            Err(e) => Err(e),
-        },
-        _ => Ok(Batch::Done),
-    };
-    match result {
-        // A step found complete writes nothing; a deposed owner must not move on to
-        // the next step on that news either.
-        Ok(Batch::Done) if db::fence_token(&c.target)? > token => Ok(Batch::Fenced),
-        Err(e) if db::is_fenced(&e) => Ok(Batch::Fenced),
-        Err(e) if db::is_locked(&e) => Ok(Batch::Busy),
-        other => other,
-    }
-}
-
-impl Unit for FencedStep {
-    fn name(&self) -> &str {
-        UNIT_NAMES.get(self.step).copied().unwrap_or("?")
-    }
-
-    async fn run(&mut self, ctx: RunContext) -> Result<RunExit, RunError> {
-        let token = self.fencer.token().revision;
-        let worker = self.args.id.clone();
-        // Shared with each blocking batch: the run counts as alive until its last
-        // batch is over, even if its future is dropped first.
-        let alive = Arc::new(self.recorder.alive(TASK, &worker, ctx.generation(), token));
-        let (step, args) = (self.step, Arc::clone(&self.args));
-        let guard = Arc::clone(&alive);
-        let opened = tokio::task::spawn_blocking(move || {
-            let _alive = guard;
-            open(step, &args, token)
-        })
-        .await
-        .map_err(|e| RunError::msg(format!("opening the databases did not complete: {e}")))?;
-        let mut conns = opened.map_err(RunError::new)?;
-        // Bounded by the step's rows (each batch advances the checkpoint) and by
-        // the run's cancellation.
-        loop {
-            if ctx.is_cancelled() {
-                return Ok(RunExit::Cancelled);
-            }
-            let sent = now_ns();
-            let (guard, size) = (Arc::clone(&alive), self.args.batch);
-            let (back, result) = tokio::task::spawn_blocking(move || {
-                let _alive = guard;
-                let result = batch(step, &mut conns, size, token);
-                (conns, result)
-            })
-            .await
-            .map_err(|e| RunError::msg(format!("a batch did not complete: {e}")))?;
-            conns = back;
-            let pause = match result.map_err(RunError::new)? {
-                Batch::Wrote(items) => {
-                    self.recorder
-                        .write(TASK, &worker, token, sent, WriteOutcome::Accepted);
-                    ctx.report_progress(items, None);
-                    PACE
-                }
-                Batch::Done => return Ok(RunExit::Completed),
-                Batch::Busy => PACE * 5,
-                Batch::Fenced => {
-                    self.recorder
-                        .write(TASK, &worker, token, sent, WriteOutcome::Rejected);
-                    // Deposed: the worker stops this run as soon as it sees so.
-                    ctx.cancelled().await;
-                    return Ok(RunExit::Cancelled);
-                }
-            };
-            tokio::select! {
-                () = ctx.cancelled() => return Ok(RunExit::Cancelled),
-                () = tokio::time::sleep(pause) => {}
             }
         }
     }
@@ -521,20 +376,7 @@ impl Script {
     /// The items done per step, from the target's checkpoints.
     async fn progress(&self) -> [u64; 3] {
         let target = self.target.clone();
-        let read = tokio::task::spawn_blocking(move || {
-            let db = Db::target(&target, Duration::from_millis(200))?;
-            db::checkpoints(&db)
-        })
-        .await;
-        let mut done = [0; 3];
-        if let Ok(Ok(checkpoints)) = read {
-            for (unit, cp) in checkpoints {
-                if let Some(i) = UNIT_NAMES.iter().position(|n| *n == unit) {
-                    done[i] = cp.items;
-                }
-            }
-        }
-        done
+        crate::migrate::fenced::progress(target).await
     }
 
     async fn show_progress(&self) {
@@ -643,12 +485,7 @@ async fn run_in(
             history: history.clone(),
             batch,
         };
-        let mut command = Command::new(&launcher.program);
-        command.args(&launcher.args);
-        match &launcher.env {
-            Some(var) => command.env(var, args.to_vec().join("\n")),
-            None => command.args(args.to_vec()),
-        };
+        let mut command = launcher.command(&args.to_vec());
         let log = std::fs::File::create(work.join(format!("{}.log", args.id)))
             .map_err(io("create a worker's log"))?;
         let child = command

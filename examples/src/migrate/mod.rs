@@ -7,8 +7,12 @@ pub mod cli;
 pub mod cluster;
 pub mod controller;
 pub mod db;
+#[cfg(feature = "file")]
+pub mod fenced;
 pub mod live;
 pub mod program;
 pub mod report;
+#[cfg(feature = "file")]
+pub mod restart;
 pub mod units;
 pub mod writer;
