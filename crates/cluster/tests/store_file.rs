@@ -731,3 +731,235 @@ async fn a_busy_writer_beside_does_not_shut_another_out() {
         "the busy writer was not busy: {busy_writes}"
     );
 }
+
+/// A small file system of the test's own (a tmpfs of `bytes`), unmounted when
+/// dropped; `None` where this process may not mount one (not root), which fails
+/// under `CI=true` rather than skip.
+struct SmallFs {
+    dir: TempDir,
+}
+
+impl SmallFs {
+    fn mount(test: &str, bytes: u64) -> Option<SmallFs> {
+        let dir = TempDir::new(test);
+        let mounted = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
+            .arg(&dir.0)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !mounted {
+            let ci = std::env::var("CI").is_ok_and(|v| v == "true");
+            assert!(
+                !ci,
+                "CI=true and a tmpfs cannot be mounted: {test} must not be skipped"
+            );
+            eprintln!("SKIPPED: {test} needs to mount a small tmpfs (run as root)");
+            return None;
+        }
+        Some(SmallFs { dir })
+    }
+
+    /// Remounts it with `options` (`size=…`, `ro`, `rw`).
+    fn remount(&self, options: &str) {
+        let status = std::process::Command::new("mount")
+            .args(["-o", &format!("remount,{options}")])
+            .arg(&self.dir.0)
+            .status()
+            .expect("mount runs");
+        assert!(status.success(), "remount {options}");
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.dir.0)
+            .status();
+    }
+}
+
+fn put(key: &str, value: Vec<u8>) -> Txn {
+    Txn {
+        when: vec![],
+        then: vec![Op::Put {
+            key: key.into(),
+            value,
+            lease: None,
+        }],
+    }
+}
+
+fn integrity(path: &Path) -> String {
+    rusqlite::Connection::open(path)
+        .and_then(|c| c.query_row("PRAGMA integrity_check", [], |r| r.get(0)))
+        .expect("a check")
+}
+
+/// A disk that fills up under the store: the write that does not fit fails with an
+/// error naming the file and the full disk, every write acknowledged before is
+/// there with its value, reads go on, writes succeed again once there is room, and
+/// the file passes SQLite's integrity check. A file that cannot even be created on
+/// a full disk is a typed error naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_fails_the_write_that_does_not_fit_and_loses_nothing_acknowledged() {
+    let Some(fs) = SmallFs::mount("full", 1 << 20) else {
+        return;
+    };
+    let path = fs.dir.file();
+    let store = SqliteCoordinator::open(&path).await.expect("opened");
+    let mut acknowledged = Vec::new();
+    let mut failure = None;
+    // Bounded: 1 MiB holds far fewer than 1,000 values of 4 KiB.
+    for i in 0..1_000 {
+        let key = format!("k{i:04}");
+        match store.txn(put(&key, vec![b'x'; 4096])).await {
+            Ok(result) => {
+                assert!(result.succeeded);
+                acknowledged.push((key, result.revision));
+            }
+            Err(error) => {
+                failure = Some(error);
+                break;
+            }
+        }
+    }
+    let failure = failure.expect("the disk filled up within 1,000 writes");
+    match &failure {
+        ClusterError::Unreachable { op, detail } => {
+            assert_eq!(*op, "txn");
+            assert!(detail.contains("the disk is full"), "{detail}");
+            assert!(detail.contains(&path.display().to_string()), "{detail}");
+        }
+        other => panic!("not the full disk: {other:?}"),
+    }
+    assert!(
+        acknowledged.len() > 10,
+        "{} writes fitted",
+        acknowledged.len()
+    );
+
+    let check = |store: SqliteCoordinator, acknowledged: Vec<(String, i64)>| async move {
+        let listing = store.list("k".into()).await.expect("a read on a full disk");
+        for (key, revision) in &acknowledged {
+            let kv = listing.get(key).unwrap_or_else(|| panic!("{key} was lost"));
+            assert_eq!(kv.mod_revision, *revision, "{key}");
+            assert_eq!(kv.value, vec![b'x'; 4096], "{key}");
+        }
+        store
+    };
+    let store = check(store, acknowledged.clone()).await;
+
+    // A second file on the full disk cannot be made: a typed error naming it.
+    let other = fs.dir.0.join("other.db");
+    let refused = SqliteCoordinator::open(&other).await;
+    assert!(
+        matches!(
+            problem(refused, &other),
+            FileProblem::Full { .. } | FileProblem::Io { .. }
+        ),
+        "a new file on a full disk"
+    );
+
+    fs.remount("size=8m");
+    let wrote = store
+        .txn(put("after", b"room again".to_vec()))
+        .await
+        .expect("a write once there is room");
+    assert!(wrote.succeeded);
+    let store = check(store, acknowledged).await;
+    drop(store);
+    assert_eq!(integrity(&path), "ok");
+}
+
+/// A store on a file system that is read-only (the directory and the file), and a
+/// read-only file in a directory that may be written: opening either is a typed
+/// error naming the file, which is left byte for byte as it was, with every write
+/// acknowledged before in it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_file_or_directory_is_a_typed_error_and_the_file_is_left_as_it_was() {
+    let Some(fs) = SmallFs::mount("read-only", 8 << 20) else {
+        return;
+    };
+    let path = fs.dir.file();
+    let store = SqliteCoordinator::open(&path).await.expect("opened");
+    let first = store.txn(put("k", b"v".to_vec())).await.expect("a write");
+
+    drop(store);
+    // Linux refuses to remount a file system read-only while a file on it is open
+    // for writing, so the store is closed first.
+    let remounted = eventually(WAIT, "the file system remounted read-only", || async {
+        std::process::Command::new("mount")
+            .args(["-o", "remount,ro"])
+            .arg(&fs.dir.0)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+            .then_some(())
+    });
+    remounted.await;
+    // Immutable: a WAL file on a read-only file system has no shared memory file.
+    let reader = rusqlite::Connection::open_with_flags(
+        format!("file:{}?immutable=1", path.display()),
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_URI,
+    )
+    .expect("a reader");
+    let revision: i64 = reader
+        .query_row("SELECT mod_revision FROM kv WHERE key = 'k'", [], |r| {
+            r.get(0)
+        })
+        .expect("the acknowledged write");
+    assert_eq!(revision, first.revision);
+    drop(reader);
+    let before = std::fs::read(&path).expect("the file");
+    let refused = SqliteCoordinator::open(&path).await;
+    assert!(
+        matches!(problem(refused, &path), FileProblem::ReadOnly { .. }),
+        "an open on a read-only file system"
+    );
+    assert_eq!(
+        std::fs::read(&path).expect("the file"),
+        before,
+        "the file changed"
+    );
+
+    // A read-only file (a read-only bind mount over it) in a writable directory.
+    fs.remount("rw");
+    let bind = |args: &[&str]| {
+        let status = std::process::Command::new("mount")
+            .args(args)
+            .arg(&path)
+            .arg(&path)
+            .status()
+            .expect("mount runs");
+        assert!(status.success(), "mount {args:?}");
+    };
+    // The journal files of the last open are gone once it closed; keep only the file.
+    bind(&["--bind"]);
+    let unbind = scopeguard(&path);
+    bind(&["-o", "remount,bind,ro"]);
+    let before = std::fs::read(&path).expect("the file");
+    let refused = SqliteCoordinator::open(&path).await;
+    assert!(
+        matches!(problem(refused, &path), FileProblem::ReadOnly { .. }),
+        "an open of a read-only file"
+    );
+    assert_eq!(
+        std::fs::read(&path).expect("the file"),
+        before,
+        "the file changed"
+    );
+    drop(unbind);
+    assert_eq!(integrity(&path), "ok");
+}
+
+/// Unmounts the bind mount over `path` when dropped.
+fn scopeguard(path: &Path) -> impl Drop + '_ {
+    struct Unbind<'a>(&'a Path);
+    impl Drop for Unbind<'_> {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(self.0).status();
+        }
+    }
+    Unbind(path)
+}
