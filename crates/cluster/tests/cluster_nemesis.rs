@@ -53,7 +53,10 @@ use cluster_support::history::{
 use cluster_support::process::{self, Settings, Units, Values, WorkerKind, TTL};
 use cluster_support::{overload, signal_pid, ChildGuard, EtcdCluster};
 use taskstage::Stage;
-use taskstage_cluster::{Controller, DesiredStage, EtcdCoordinator, EtcdOptions, TaskStatus};
+use taskstage_cluster::{
+    Controller, Coordinator, DesiredStage, EtcdCoordinator, EtcdOptions, SqliteCoordinator,
+    TaskStatus, WatchEvent, WatchMessage,
+};
 
 const PREFIX: &str = "nemesis";
 /// How soon after a thaw a frozen owner must have dropped its run (the fault
@@ -66,6 +69,8 @@ const SLOTS: usize = 3;
 const WRITE_EVERY: Duration = Duration::from_millis(200);
 /// The nemesis's length unless `NEMESIS_SECS` says otherwise.
 const DEFAULT_SECS: u64 = 60;
+/// The nemesis's length on a store file unless `NEMESIS_SECS` says otherwise.
+const FILE_SECS: u64 = 30;
 /// The control's length at most.
 const CONTROL_SECS: u64 = 30;
 /// At most this many tasks stopped by the controller.
@@ -127,9 +132,22 @@ struct Slot {
     child: Option<ChildGuard>,
 }
 
+/// Where the fleet's keys live.
+enum On {
+    /// A 3-member etcd cluster the test started.
+    Etcd(EtcdCluster),
+    /// A store file in the histories' directory.
+    File,
+}
+
 /// The cluster, the worker processes, the test's history and a controller.
 struct Fleet {
-    cluster: EtcdCluster,
+    /// The etcd cluster, on etcd.
+    cluster: Option<EtcdCluster>,
+    /// The store file, on a file.
+    file: Option<PathBuf>,
+    /// The controller's store.
+    store: cluster_support::AnyStore,
     dir: PathBuf,
     unfenced: bool,
     slots: Vec<Slot>,
@@ -148,18 +166,33 @@ impl Drop for Fleet {
 }
 
 impl Fleet {
-    async fn new(cluster: EtcdCluster, unfenced: bool) -> Fleet {
+    async fn new(on: On, unfenced: bool) -> Fleet {
         let (dir, recorder) = histories("nemesis");
-        let coord = EtcdCoordinator::connect(cluster.endpoints(), EtcdOptions::default())
-            .await
-            .expect("connect to the test cluster");
+        let (cluster, file, store) = match on {
+            On::Etcd(cluster) => {
+                let coord = EtcdCoordinator::connect(cluster.endpoints(), EtcdOptions::default())
+                    .await
+                    .expect("connect to the test cluster");
+                (Some(cluster), None, cluster_support::AnyStore::new(coord))
+            }
+            On::File => {
+                // Beside the histories, which the checker reads by their extension.
+                let file = dir.join("store.db");
+                let coord = SqliteCoordinator::open(&file)
+                    .await
+                    .expect("the store file");
+                (None, Some(file), cluster_support::AnyStore::new(coord))
+            }
+        };
         let mut fleet = Fleet {
             cluster,
+            file,
+            store: store.clone(),
             dir,
             unfenced,
             slots: Vec::new(),
             recorder,
-            controller: Controller::new(coord, PREFIX).expect("a controller"),
+            controller: Controller::new(store, PREFIX).expect("a controller"),
             next_id: SLOTS + 1,
         };
         for slot in 0..SLOTS {
@@ -178,7 +211,11 @@ impl Fleet {
             unfenced: Some(self.unfenced),
             ..Settings::default()
         };
-        let endpoints = self.cluster.side_endpoints_of(slot);
+        let endpoints = match (&self.cluster, &self.file) {
+            (Some(cluster), _) => cluster.side_endpoints_of(slot),
+            (None, Some(file)) => vec![format!("sqlite:{}", file.display())],
+            (None, None) => unreachable!("a fleet is on etcd or on a file"),
+        };
         let child = WORKERS.spawn(&self.slots[slot].id, &endpoints, &self.dir, settings);
         // The instant it exits, whatever the reason, is recorded: a worker that ends
         // itself on an overrun leaves no drop for its runs.
@@ -218,6 +255,13 @@ impl Fleet {
             restarted += 1;
         }
         restarted
+    }
+
+    /// The etcd cluster: only etcd faults are drawn for it, and only on etcd.
+    fn etcd(&mut self) -> &mut EtcdCluster {
+        self.cluster
+            .as_mut()
+            .expect("an etcd fault is drawn only on etcd")
     }
 
     fn pid(&self, slot: usize) -> Option<u32> {
@@ -402,6 +446,10 @@ enum Menu {
     All,
     /// Freezes and cuts only: the faults that fencing and self-fencing answer.
     FencingOnly,
+    /// The faults of worker processes only (freezes and kills): on a store file.
+    WorkersOnly,
+    /// Freezes only: the control on a store file.
+    FreezesOnly,
 }
 
 /// The nemesis: draws every fault from its seed, keeps what must end later.
@@ -453,6 +501,18 @@ impl Nemesis {
                 (Kind::Freeze, 1),
                 (Kind::Kill, 0),
                 (Kind::Cut, 1),
+                (Kind::Leader, 0),
+            ],
+            Menu::FreezesOnly => [
+                (Kind::Freeze, 1),
+                (Kind::Kill, 0),
+                (Kind::Cut, 0),
+                (Kind::Leader, 0),
+            ],
+            Menu::WorkersOnly => [
+                (Kind::Freeze, 3),
+                (Kind::Kill, 3),
+                (Kind::Cut, 0),
                 (Kind::Leader, 0),
             ],
         };
@@ -519,7 +579,7 @@ impl Nemesis {
                     self.counts.skipped += 1;
                     return;
                 }
-                fleet.cluster.cut_side(slot);
+                fleet.etcd().cut_side(slot);
                 self.cut[slot] = true;
                 self.counts.cuts += 1;
                 self.pending.push((now + hold, Pending::Heal { slot }));
@@ -533,16 +593,16 @@ impl Nemesis {
                     self.counts.skipped += 1;
                     return;
                 }
-                let Some(member) = fleet.cluster.leader() else {
+                let Some(member) = fleet.etcd().leader() else {
                     self.counts.skipped += 1;
                     return;
                 };
                 let killed = d.coin;
                 if killed {
-                    fleet.cluster.kill_member(member);
+                    fleet.etcd().kill_member(member);
                     self.counts.leader_kills += 1;
                 } else {
-                    fleet.cluster.freeze_member(member);
+                    fleet.etcd().freeze_member(member);
                     self.counts.leader_freezes += 1;
                 }
                 self.member_out = Some(member);
@@ -570,14 +630,14 @@ impl Nemesis {
                 self.frozen[slot] = false;
             }
             Pending::Heal { slot } => {
-                fleet.cluster.heal_side(slot);
+                fleet.etcd().heal_side(slot);
                 self.cut[slot] = false;
             }
             Pending::Member { member, killed } => {
                 if killed {
-                    fleet.cluster.restart_member(member);
+                    fleet.etcd().restart_member(member);
                 } else {
-                    fleet.cluster.thaw_member(member);
+                    fleet.etcd().thaw_member(member);
                 }
             }
         }
@@ -601,7 +661,7 @@ impl Nemesis {
                 .pending
                 .iter()
                 .any(|(_, p)| matches!(p, Pending::Member { .. }));
-            if back && fleet.cluster.member_healthy(member) {
+            if back && fleet.etcd().member_healthy(member) {
                 self.member_out = None;
             }
         }
@@ -614,7 +674,11 @@ impl Nemesis {
         }
         let deadline = Instant::now() + SETUP;
         // Bounded by the deadline, polling every 50 ms.
-        while !(0..fleet.cluster.len()).all(|i| fleet.cluster.member_healthy(i)) {
+        while fleet
+            .cluster
+            .as_ref()
+            .is_some_and(|c| !(0..c.len()).all(|i| c.member_healthy(i)))
+        {
             assert!(
                 Instant::now() < deadline,
                 "the etcd members were not all healthy within {SETUP:?} of the heal"
@@ -735,8 +799,6 @@ async fn replay(endpoints: &[String]) -> Vec<Replayed> {
         )
         .await
         .expect("watch the prefix from revision 1");
-    let tasks = format!("{PREFIX}/tasks/");
-    let checkpoints = format!("{PREFIX}/checkpoints/");
     let mut entries = Vec::new();
     let mut last = 0;
     let deadline = Instant::now() + SETUP;
@@ -757,71 +819,166 @@ async fn replay(endpoints: &[String]) -> Vec<Replayed> {
             let Some(kv) = event.kv() else { continue };
             let revision = kv.mod_revision();
             last = last.max(revision);
-            let key = String::from_utf8_lossy(kv.key());
-            // Task keys are `tasks/{task}/{name}`; checkpoints `checkpoints/{task}/{name}`.
-            let Some((task, name)) = key
-                .strip_prefix(&tasks)
-                .and_then(|r| r.split_once('/'))
-                .or_else(|| {
-                    let (task, name) = key.strip_prefix(&checkpoints)?.split_once('/')?;
-                    (name == "pos").then_some((task, "checkpoint/pos"))
-                })
-            else {
-                continue;
-            };
-            let task = task.to_owned();
-            let value = String::from_utf8_lossy(kv.value()).into_owned();
             let put = event.event_type() == EventType::Put;
-            match name {
-                "owner" => entries.push(Replayed::Owner {
-                    revision,
-                    task,
-                    owner: put.then(|| (kv.create_revision(), value)),
-                }),
-                "checkpoint/pos" if put => {
-                    let parts: Vec<&str> = value.split('|').collect();
-                    let [owner_value, token, id] = parts[..] else {
-                        panic!("a checkpoint value not written by the probe: {value:?}");
-                    };
-                    entries.push(Replayed::Applied {
-                        revision,
-                        task,
-                        owner_value: owner_value.to_owned(),
-                        token: token.parse().expect("a token"),
-                        id: id.to_owned(),
-                    });
-                }
-                "observed" if put => {
-                    let field = |name: &str| {
-                        value
-                            .lines()
-                            .find_map(|l| l.strip_prefix(name)?.strip_prefix('='))
-                            .map(str::to_owned)
-                    };
-                    let (Some(owner), Some(token)) = (field("owner"), field("owner_revision"))
-                    else {
-                        panic!("an observed report without owner: {value:?}");
-                    };
-                    entries.push(Replayed::Reported {
-                        revision,
-                        task,
-                        owner,
-                        token: token.parse().expect("an owner revision"),
-                    });
-                }
-                _ => {}
-            }
+            let key = String::from_utf8_lossy(kv.key());
+            entries.extend(replayed(
+                &key,
+                kv.value(),
+                kv.create_revision(),
+                revision,
+                put,
+            ));
         }
     }
     entries.push(Replayed::Done { revision: head });
     entries
 }
 
+/// What the checker needs of one event of the prefix's history: an owner key put
+/// or deleted, a probe's checkpoint applied, an owner's report.
+fn replayed(
+    key: &str,
+    value: &[u8],
+    create_revision: i64,
+    revision: i64,
+    put: bool,
+) -> Option<Replayed> {
+    let tasks = format!("{PREFIX}/tasks/");
+    let checkpoints = format!("{PREFIX}/checkpoints/");
+    // Task keys are `tasks/{task}/{name}`; checkpoints `checkpoints/{task}/{name}`.
+    let (task, name) = key
+        .strip_prefix(&tasks)
+        .and_then(|r| r.split_once('/'))
+        .or_else(|| {
+            let (task, name) = key.strip_prefix(&checkpoints)?.split_once('/')?;
+            (name == "pos").then_some((task, "checkpoint/pos"))
+        })?;
+    let task = task.to_owned();
+    let value = String::from_utf8_lossy(value).into_owned();
+    match name {
+        "owner" => Some(Replayed::Owner {
+            revision,
+            task,
+            owner: put.then_some((create_revision, value)),
+        }),
+        "checkpoint/pos" if put => {
+            let parts: Vec<&str> = value.split('|').collect();
+            let [owner_value, token, id] = parts[..] else {
+                panic!("a checkpoint value not written by the probe: {value:?}");
+            };
+            Some(Replayed::Applied {
+                revision,
+                task,
+                owner_value: owner_value.to_owned(),
+                token: token.parse().expect("a token"),
+                id: id.to_owned(),
+            })
+        }
+        "observed" if put => {
+            let field = |name: &str| {
+                value
+                    .lines()
+                    .find_map(|l| l.strip_prefix(name)?.strip_prefix('='))
+                    .map(str::to_owned)
+            };
+            let (Some(owner), Some(token)) = (field("owner"), field("owner_revision")) else {
+                panic!("an observed report without owner: {value:?}");
+            };
+            Some(Replayed::Reported {
+                revision,
+                task,
+                owner,
+                token: token.parse().expect("an owner revision"),
+            })
+        }
+        _ => None,
+    }
+}
+
+/// The prefix's history from revision 1, through the store's own watch (the file).
+///
+/// A worker frozen in the middle of a write holds the file's write lock until it is
+/// thawed (or killed), and a read that must first expire a due lease waits for that
+/// lock: such a read fails after the lock timeout and is tried again here, within
+/// [`SETUP`] (a freeze lasts at most 3 TTLs).
+async fn replay_store(store: &impl Coordinator) -> Vec<Replayed> {
+    let deadline = Instant::now() + SETUP;
+    // Bounded by the deadline.
+    let (head, mut stream) = loop {
+        let opened = async {
+            let head = store.list(format!("{PREFIX}/")).await?.revision;
+            Ok::<_, taskstage_cluster::ClusterError>((
+                head,
+                store.watch(format!("{PREFIX}/"), 1).await?,
+            ))
+        };
+        match opened.await {
+            Ok(opened) => break opened,
+            Err(error) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "the store's history could not be read within {SETUP:?}: {error}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    let mut entries = Vec::new();
+    let mut last = 0;
+    // Bounded by the deadline: the history up to `head` is finite.
+    while last < head {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let next = std::future::poll_fn(|cx| futures_core::Stream::poll_next(stream.as_mut(), cx));
+        let message = tokio::time::timeout(left, next)
+            .await
+            .unwrap_or_else(|_| {
+                panic!("the store's history read to {last} of {head} within {SETUP:?}")
+            })
+            .expect("the watch open")
+            .expect("a watch message");
+        let events = match message {
+            WatchMessage::Events { revision, events } => {
+                last = last.max(revision);
+                events
+            }
+            WatchMessage::Compacted { revision } => {
+                panic!("the replay watch met a compaction at {revision}")
+            }
+        };
+        for event in events {
+            entries.extend(match event {
+                WatchEvent::Put(kv) => replayed(
+                    &kv.key,
+                    &kv.value,
+                    kv.create_revision,
+                    kv.mod_revision,
+                    true,
+                ),
+                WatchEvent::Delete { key, revision } => replayed(&key, &[], 0, revision, false),
+            });
+        }
+    }
+    entries.push(Replayed::Done { revision: head });
+    entries
+}
+
+/// The fleet's history from revision 1: etcd's, or the file's.
+async fn replay_of(fleet: &Fleet) -> Vec<Replayed> {
+    match &fleet.cluster {
+        Some(cluster) => replay(&cluster.endpoints()).await,
+        None => replay_store(&fleet.store).await,
+    }
+}
+
 /// Starts the cluster and the fleet, creates the tasks and waits until each runs.
 /// `None` when the tools are missing outside CI (said loudly by the harness).
-async fn setup(unfenced: bool) -> Option<(Fleet, Vec<String>)> {
-    let cluster = EtcdCluster::start_partitionable_sides(3, SLOTS)?;
-    let fleet = Fleet::new(cluster, unfenced).await;
+async fn setup(on_file: bool, unfenced: bool) -> Option<(Fleet, Vec<String>)> {
+    let on = if on_file {
+        On::File
+    } else {
+        On::Etcd(EtcdCluster::start_partitionable_sides(3, SLOTS)?)
+    };
+    let fleet = Fleet::new(on, unfenced).await;
     fleet.registered().await;
     let names = task_names();
     for task in &names {
@@ -842,7 +999,7 @@ async fn setup(unfenced: bool) -> Option<(Fleet, Vec<String>)> {
 async fn check_now(fleet: &Fleet, live: bool) -> Verdict {
     let now = now_ns();
     let mut history = History::load(&fleet.dir).expect("read the histories");
-    history.add_replay(&replay(&fleet.cluster.endpoints()).await);
+    history.add_replay(&replay_of(fleet).await);
     if live {
         history.check_as_of(THAW_ALLOWANCE, now)
     } else {
@@ -889,14 +1046,35 @@ async fn run_nemesis(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_nemesis_finds_no_violation_and_the_cluster_converges() {
-    let (seed, secs) = settings(DEFAULT_SECS);
+    nemesis_converges(false, DEFAULT_SECS).await;
+}
+
+/// The nemesis on a store file: worker processes frozen past their lease and killed
+/// with SIGKILL (a kill lands in the middle of a write often: 20 probes write every
+/// 200 ms) and started again, under the same checks, with SQLite's integrity check
+/// of the file after every process is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_store_file_the_nemesis_finds_no_violation_and_the_tasks_converge() {
+    nemesis_converges(true, FILE_SECS).await;
+}
+
+/// The nemesis on etcd (every fault) or on a store file (the workers' faults), then
+/// the heal, convergence and the history checker over every process's history and
+/// the store's own.
+async fn nemesis_converges(on_file: bool, default_secs: u64) {
+    let (seed, secs) = settings(default_secs);
     say(&format!(
-        "nemesis seed={seed} secs={secs} (replay: NEMESIS_SEED={seed} NEMESIS_SECS={secs})"
+        "nemesis seed={seed} secs={secs} on_file={on_file} (replay: NEMESIS_SEED={seed} NEMESIS_SECS={secs})"
     ));
-    let Some((mut fleet, names)) = setup(false).await else {
+    let Some((mut fleet, names)) = setup(on_file, false).await else {
         return;
     };
-    let mut nemesis = Nemesis::new(seed, Menu::All);
+    let menu = if on_file {
+        Menu::WorkersOnly
+    } else {
+        Menu::All
+    };
+    let mut nemesis = Nemesis::new(seed, menu);
     let done = Arc::new(AtomicBool::new(false));
     let controller = tokio::spawn(commands(
         fleet.controller.clone(),
@@ -982,7 +1160,7 @@ async fn the_nemesis_finds_no_violation_and_the_cluster_converges() {
     for slot in 0..SLOTS {
         fleet.kill(slot);
     }
-    let entries = replay(&fleet.cluster.endpoints()).await;
+    let entries = replay_of(&fleet).await;
     let etcd = Recorder::create(&fleet.dir, "etcd").expect("the replay's history file");
     for entry in &entries {
         etcd.replay(entry);
@@ -1030,6 +1208,12 @@ async fn the_nemesis_finds_no_violation_and_the_cluster_converges() {
     assert!(verdict.applied.is_some_and(|n| n > 0), "{summary}");
     assert_eq!(verdict.converged, TASKS - stopped.len(), "{summary}");
     assert!(verdict.runs > TASKS, "{summary}");
+    if let Some(file) = fleet.file.clone() {
+        let check: String = rusqlite::Connection::open(&file)
+            .and_then(|c| c.query_row("PRAGMA integrity_check", [], |row| row.get(0)))
+            .expect("the store file can be checked");
+        assert_eq!(check, "ok", "seed {seed}: the store file after the nemesis");
+    }
 }
 
 fn assert_sound(verdict: &Verdict, seed: u64) {
@@ -1046,14 +1230,30 @@ fn assert_sound(verdict: &Verdict, seed: u64) {
 /// at least.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_fencing_the_nemesis_is_caught() {
+    control_is_caught(false).await;
+}
+
+/// The control on a store file: unfenced workers under freezes only (the faults
+/// fencing answers there). It must fail as on etcd.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_store_file_without_fencing_the_nemesis_is_caught() {
+    control_is_caught(true).await;
+}
+
+async fn control_is_caught(on_file: bool) {
     let (seed, _) = settings(DEFAULT_SECS);
     say(&format!(
-        "nemesis control seed={seed} (replay: NEMESIS_SEED={seed})"
+        "nemesis control seed={seed} on_file={on_file} (replay: NEMESIS_SEED={seed})"
     ));
-    let Some((mut fleet, _names)) = setup(true).await else {
+    let Some((mut fleet, _names)) = setup(on_file, true).await else {
         return;
     };
-    let mut nemesis = Nemesis::new(seed, Menu::FencingOnly);
+    let menu = if on_file {
+        Menu::FreezesOnly
+    } else {
+        Menu::FencingOnly
+    };
+    let mut nemesis = Nemesis::new(seed, menu);
     let started = Instant::now();
     let mut seen = Verdict::default();
     run_nemesis(&mut fleet, &mut nemesis, CONTROL_SECS, Some(&mut seen)).await;
