@@ -927,8 +927,14 @@ fn http(addr: &str, request_line: &str, headers: &[(&str, &str)]) -> (u16, Strin
 /// Starts `taskstage serve` on a free loopback port with `extra` arguments, and
 /// returns it with the lines it printed up to the one naming its address.
 fn start_serve(setup: &Setup, extra: &[&str]) -> (ChildGuard, String, Vec<String>) {
+    start_serve_on(&["--endpoints", &setup.endpoints()], extra)
+}
+
+/// `taskstage STORE_ARGS --prefix cli serve` on a port of its own, as [`start_serve`].
+fn start_serve_on(store: &[&str], extra: &[&str]) -> (ChildGuard, String, Vec<String>) {
     let mut child = Command::new(BIN)
-        .args(["--endpoints", &setup.endpoints(), "--prefix", PREFIX])
+        .args(store)
+        .args(["--prefix", PREFIX])
         .args(["serve", "--listen", "127.0.0.1:0"])
         .args(extra)
         .env_remove("TASKSTAGE_ADMIN_TOKEN")
@@ -1031,7 +1037,8 @@ fn taskstage_on_file(store: &str, args: &[&str]) -> Ran {
 /// The command on the store file of one machine (`--store sqlite:PATH`), beside a
 /// worker process on the same file and with no etcd: create, resume and pause
 /// answer as on etcd; after the worker is killed with -9 and another started, the
-/// paused task is still Paused, and a resume runs it on the new one. A `--store`
+/// paused task is still Paused, and a resume runs it on the new one; `serve` on the
+/// file lists it and pauses it over HTTP. A `--store`
 /// that is not `sqlite:PATH`, or names a file that is not a store, is bad input
 /// that changes nothing.
 #[test]
@@ -1108,6 +1115,24 @@ fn the_command_runs_on_a_store_file_beside_a_worker_process() {
     let status = taskstage_on_file(&store, &["--output", "json", "status", "orders"]);
     assert_eq!(status.json()["owner"], "w2", "{status:?}");
     assert_eq!(status.json()["observed"], "Running", "{status:?}");
+
+    // `serve` on the same file: the API lists the task and commands it through the
+    // file, as the command line does.
+    let (mut serve, addr, _) = start_serve_on(&["--store", &store], &["--no-token"]);
+    let (status, body) = http(&addr, "GET /v1/tasks", &[]);
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"orders\""), "{body}");
+    let (status, body) = http(&addr, "POST /v1/tasks/orders/pause", &[]);
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"Paused\""), "{body}");
+    let status = taskstage_on_file(&store, &["--output", "json", "status", "orders"]);
+    assert_eq!(status.json()["desired"], "Paused", "{status:?}");
+    assert_eq!(status.json()["observed"], "Paused", "{status:?}");
+    signal_pid(serve.pid(), rustix::process::Signal::INT);
+    assert_eq!(
+        wait_exit(&mut serve, WAIT, "serve on the file after SIGINT"),
+        0
+    );
 
     let ran = taskstage_on_file("postgres://db/tasks", &["list"]);
     assert_eq!(ran.code, 2, "{ran:?}");
