@@ -282,45 +282,68 @@ fn pause_through_a_store(c: &mut Criterion) {
 
 /// The store file beside the in-memory store, each with a worker and a controller
 /// in this process: create → first run, and a pause of a running task, answered.
+/// The tasks running beside the paused one in `the_file_beside_memory`'s pauses: the
+/// size the goal names.
+const RUNNING: usize = 1_000;
+
+/// A memory and a file cluster (the file in `dir`), each with a task "p" running
+/// and `others` more running beside it.
+fn file_and_memory(rt: &Runtime, dir: &std::path::Path, others: usize) -> [Cluster; 2] {
+    rt.block_on(async {
+        let file = SqliteCoordinator::open(dir.join(format!("store-{others}.db")))
+            .await
+            .expect("a store file");
+        let pair = [
+            Cluster::on(MemoryCoordinator::new()).await,
+            Cluster::on(file).await,
+        ];
+        for cluster in &pair {
+            for i in 0..=others {
+                let task = if i == 0 {
+                    "p".to_owned()
+                } else {
+                    format!("r{i}")
+                };
+                cluster
+                    .controller
+                    .create(&task, Vec::new(), DesiredStage::Running)
+                    .await
+                    .expect("create");
+            }
+            for _ in 0..=others {
+                started(&cluster.runs, "a task beside the paused one").await;
+            }
+        }
+        pair
+    })
+}
+
 fn the_file_beside_memory(c: &mut Criterion) {
     let rt = runtime();
     let dir = std::env::temp_dir().join(format!("taskstage-bench-file-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("a temp dir");
-    let (memory, file) = rt.block_on(async {
-        let file = SqliteCoordinator::open(dir.join("store.db"))
-            .await
-            .expect("a store file");
-        (
-            Cluster::on(MemoryCoordinator::new()).await,
-            Cluster::on(file).await,
-        )
-    });
-    for cluster in [&memory, &file] {
-        rt.block_on(async {
-            cluster
-                .controller
-                .create("p", Vec::new(), DesiredStage::Running)
-                .await
-                .expect("create");
-            started(&cluster.runs, "the paused task").await;
-        });
-    }
     let mut group = c.benchmark_group("the_file_beside_memory");
+    // Each measurement on clusters of its own: the creates leave thousands of
+    // stopped tasks behind, which the pauses must not meet.
+    let [memory, file] = file_and_memory(&rt, &dir, 0);
     group.bench_function("memory_create_to_first_run", |b| {
         b.iter_custom(|iters| rt.block_on(memory.creates(iters)))
     });
     group.bench_function("file_create_to_first_run", |b| {
         b.iter_custom(|iters| rt.block_on(file.creates(iters)))
     });
-    group.bench_function("memory_pause", |b| {
+    let mut clusters = vec![memory, file];
+    let [memory, file] = file_and_memory(&rt, &dir, RUNNING - 1);
+    group.bench_function("memory_pause_at_1000_running", |b| {
         b.iter_custom(|iters| rt.block_on(cluster_pauses(&memory.controller, &memory.runs, iters)))
     });
-    group.bench_function("file_pause", |b| {
+    group.bench_function("file_pause_at_1000_running", |b| {
         b.iter_custom(|iters| rt.block_on(cluster_pauses(&file.controller, &file.runs, iters)))
     });
     group.finish();
+    clusters.extend([memory, file]);
     rt.block_on(async {
-        for cluster in [memory, file] {
+        for cluster in clusters {
             cluster
                 .worker
                 .shutdown()
