@@ -895,47 +895,35 @@ fn replayed(
     }
 }
 
-/// The prefix's history from revision 1, through the store's own watch (the file).
+/// The prefix's history from revision 1, through the store's own watch (the file),
+/// read in one attempt: `Err` when the store did not answer.
 ///
 /// A worker frozen in the middle of a write holds the file's write lock until it is
 /// thawed (or killed), and a read that must first expire a due lease waits for that
-/// lock: such a read fails after the lock timeout and is tried again here, within
-/// [`SETUP`] (a freeze lasts at most 3 TTLs).
-async fn replay_store(store: &impl Coordinator) -> Vec<Replayed> {
-    let deadline = Instant::now() + SETUP;
-    // Bounded by the deadline.
-    let (head, mut stream) = loop {
-        let opened = async {
-            let head = store.list(format!("{PREFIX}/")).await?.revision;
-            Ok::<_, taskstage_cluster::ClusterError>((
-                head,
-                store.watch(format!("{PREFIX}/"), 1).await?,
-            ))
-        };
-        match opened.await {
-            Ok(opened) => break opened,
-            Err(error) => {
-                assert!(
-                    Instant::now() < deadline,
-                    "the store's history could not be read within {SETUP:?}: {error}"
-                );
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-    };
+/// lock, so an attempt fails after the lock timeout while a worker is frozen.
+async fn replay_store(store: &impl Coordinator) -> Result<Vec<Replayed>, String> {
+    let head = store
+        .list(format!("{PREFIX}/"))
+        .await
+        .map_err(|e| e.to_string())?
+        .revision;
+    let mut stream = store
+        .watch(format!("{PREFIX}/"), 1)
+        .await
+        .map_err(|e| e.to_string())?;
     let mut entries = Vec::new();
     let mut last = 0;
+    let deadline = Instant::now() + SETUP;
     // Bounded by the deadline: the history up to `head` is finite.
     while last < head {
         let left = deadline.saturating_duration_since(Instant::now());
         let next = std::future::poll_fn(|cx| futures_core::Stream::poll_next(stream.as_mut(), cx));
-        let message = tokio::time::timeout(left, next)
-            .await
-            .unwrap_or_else(|_| {
-                panic!("the store's history read to {last} of {head} within {SETUP:?}")
-            })
-            .expect("the watch open")
-            .expect("a watch message");
+        let message = match tokio::time::timeout(left, next).await {
+            Err(_) => return Err(format!("read to {last} of {head} within {SETUP:?}")),
+            Ok(None) => return Err("the watch ended".to_owned()),
+            Ok(Some(Err(error))) => return Err(error.to_string()),
+            Ok(Some(Ok(message))) => message,
+        };
         let events = match message {
             WatchMessage::Events { revision, events } => {
                 last = last.max(revision);
@@ -959,14 +947,28 @@ async fn replay_store(store: &impl Coordinator) -> Vec<Replayed> {
         }
     }
     entries.push(Replayed::Done { revision: head });
-    entries
+    Ok(entries)
 }
 
-/// The fleet's history from revision 1: etcd's, or the file's.
+/// The fleet's history from revision 1: etcd's, or the file's (tried again within
+/// [`SETUP`]: the caller has thawed every worker).
 async fn replay_of(fleet: &Fleet) -> Vec<Replayed> {
-    match &fleet.cluster {
-        Some(cluster) => replay(&cluster.endpoints()).await,
-        None => replay_store(&fleet.store).await,
+    if let Some(cluster) = &fleet.cluster {
+        return replay(&cluster.endpoints()).await;
+    }
+    let deadline = Instant::now() + SETUP;
+    // Bounded by the deadline.
+    loop {
+        match replay_store(&fleet.store).await {
+            Ok(entries) => return entries,
+            Err(error) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "the store's history could not be read within {SETUP:?}: {error}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
     }
 }
 
@@ -994,17 +996,23 @@ async fn setup(on_file: bool, unfenced: bool) -> Option<(Fleet, Vec<String>)> {
     Some((fleet, names))
 }
 
-/// The whole history so far, etcd's replayed into it, checked as of now (`live`:
-/// the workers still run) or as finished.
-async fn check_now(fleet: &Fleet, live: bool) -> Verdict {
+/// The whole history so far, the store's replayed into it, checked as of now
+/// (`live`: the workers still run, and may be frozen) or as finished. While the
+/// workers run, `None` when the store file did not answer (a frozen worker holds
+/// its write lock: the nemesis must go on to thaw it).
+async fn check_now(fleet: &Fleet, live: bool) -> Option<Verdict> {
     let now = now_ns();
     let mut history = History::load(&fleet.dir).expect("read the histories");
-    history.add_replay(&replay_of(fleet).await);
-    if live {
+    let replayed = match (&fleet.cluster, live) {
+        (None, true) => replay_store(&fleet.store).await.ok()?,
+        _ => replay_of(fleet).await,
+    };
+    history.add_replay(&replayed);
+    Some(if live {
         history.check_as_of(THAW_ALLOWANCE, now)
     } else {
         history.check(THAW_ALLOWANCE)
-    }
+    })
 }
 
 /// Runs the nemesis for `secs`; with `caught`, it checks the history every second
@@ -1031,7 +1039,9 @@ async fn run_nemesis(
         }
         if let Some(caught) = caught.as_deref_mut() {
             if Instant::now() >= next_look {
-                *caught = check_now(fleet, true).await;
+                if let Some(verdict) = check_now(fleet, true).await {
+                    *caught = verdict;
+                }
                 let rules = caught.per_rule();
                 if rules[0] > 0 && rules[4] > 0 {
                     break;
@@ -1266,7 +1276,9 @@ async fn control_is_caught(on_file: bool) {
         fleet.kill(slot);
     }
     nemesis.heal_all(&mut fleet).await;
-    let verdict = check_now(&fleet, false).await;
+    let verdict = check_now(&fleet, false)
+        .await
+        .expect("a check as finished reads the store");
     let c = &nemesis.counts;
     let rules = verdict.per_rule();
     say(&format!("history (control): {verdict}"));
