@@ -5,7 +5,7 @@
 //! - every suite of the workspace that starts an etcd cluster, worker processes or a
 //!   browser (it names the harness's etcd cluster or worker-process kind, or the
 //!   browser's driver) is in the
-//!   `realtime` group;
+//!   `realtime` group (or, on a store file alone, `realtime-file`);
 //! - every suite the group names exists.
 
 use std::collections::BTreeSet;
@@ -15,20 +15,32 @@ fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// The binaries the `realtime` group's filter names, `binary(=NAME)` each.
+/// The binaries the filters of the `realtime` groups (`realtime`, `realtime-file`)
+/// name, `binary(=NAME)` each.
 fn realtime_group() -> BTreeSet<String> {
     let config = std::fs::read_to_string(root().join(".config/nextest.toml"))
         .expect(".config/nextest.toml is readable");
-    let filter = config
-        .lines()
-        .skip_while(|line| line.trim() != "[[profile.default.overrides]]")
-        .find_map(|line| line.trim().strip_prefix("filter = "))
-        .expect("the override has a filter");
-    filter
-        .split("binary(=")
-        .skip(1)
-        .filter_map(|rest| rest.split_once(')').map(|(name, _)| name.to_owned()))
-        .collect()
+    let lines: Vec<&str> = config.lines().map(str::trim).collect();
+    let mut names = BTreeSet::new();
+    for (i, line) in lines.iter().enumerate() {
+        let Some(filter) = line.strip_prefix("filter = ") else {
+            continue;
+        };
+        let group = lines
+            .get(i + 1)
+            .and_then(|l| l.strip_prefix("test-group = "))
+            .unwrap_or_default();
+        if !group.trim_matches('"').starts_with("realtime") {
+            continue;
+        }
+        names.extend(
+            filter
+                .split("binary(=")
+                .skip(1)
+                .filter_map(|rest| rest.split_once(')').map(|(name, _)| name.to_owned())),
+        );
+    }
+    names
 }
 
 /// Every integration suite of the workspace: its name and its source.
