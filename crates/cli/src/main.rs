@@ -207,7 +207,13 @@ async fn serve(
             source,
         }]
     })?;
-    let router = Api::cluster(controller).auth(auth).router();
+    // Ctrl-c ends the open event streams too, so that the shutdown's drain is not
+    // spent waiting for them.
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let router = Api::cluster(controller)
+        .auth(auth)
+        .end_streams_on(shutdown.clone())
+        .router();
     emit(
         "serve",
         &format!(
@@ -221,6 +227,7 @@ async fn serve(
     }
     serve::serve(listener, router, serve::Limits::default(), async {
         let _ = tokio::signal::ctrl_c().await;
+        shutdown.cancel();
     })
     .await
     .map_err(|source| {

@@ -1128,7 +1128,31 @@ fn the_command_runs_on_a_store_file_beside_a_worker_process() {
     let status = taskstage_on_file(&store, &["--output", "json", "status", "orders"]);
     assert_eq!(status.json()["desired"], "Paused", "{status:?}");
     assert_eq!(status.json()["observed"], "Paused", "{status:?}");
+    // An event stream open at ctrl-c ends as a response ends (its last chunk), not
+    // cut off by the shutdown's drain.
+    let mut watching = std::net::TcpStream::connect(&addr).expect("connect to serve");
+    {
+        use std::io::Write;
+        write!(
+            watching,
+            "GET /v1/events HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        )
+        .expect("a request");
+    }
+    watching
+        .set_read_timeout(Some(WAIT))
+        .expect("a read timeout");
+    let mut head = [0u8; 12];
+    std::io::Read::read_exact(&mut watching, &mut head).expect("the stream's answer");
+    assert_eq!(&head, b"HTTP/1.1 200", "{}", String::from_utf8_lossy(&head));
     signal_pid(serve.pid(), rustix::process::Signal::INT);
+    let mut rest = Vec::new();
+    std::io::Read::read_to_end(&mut watching, &mut rest).expect("the stream ends");
+    let rest = String::from_utf8_lossy(&rest);
+    assert!(
+        rest.ends_with("\r\n0\r\n\r\n"),
+        "the stream was cut off, not ended: {rest:?}"
+    );
     assert_eq!(
         wait_exit(&mut serve, WAIT, "serve on the file after SIGINT"),
         0

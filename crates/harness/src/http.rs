@@ -158,6 +158,21 @@ impl SseReader {
         }
     }
 
+    /// Whether the stream ends within `within` (what it sends meanwhile is read
+    /// and dropped); `false` when it is still open at the deadline.
+    pub async fn ends_within(&mut self, within: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + within;
+        // Bounded by the deadline.
+        loop {
+            match tokio::time::timeout_at(deadline, self.body.frame()).await {
+                Err(_) => return false,
+                Ok(None) => return true,
+                Ok(Some(Err(_))) => return true,
+                Ok(Some(Ok(_))) => {}
+            }
+        }
+    }
+
     /// The next event (keep-alive comments skipped), within `within`.
     pub async fn next(&mut self, within: Duration) -> Option<SseEvent> {
         let deadline = tokio::time::Instant::now() + within;

@@ -156,6 +156,7 @@ fn item_of(status: &TaskStatus, since: Option<u64>) -> Item {
         since,
         outcome: observed.and_then(|o| outcome(&o.outcome)),
         progress: None,
+        user_paused: Some(status.desired == taskstage_cluster::DesiredStage::Paused),
     }
 }
 

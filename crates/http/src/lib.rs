@@ -11,9 +11,10 @@
 //! | endpoint | what |
 //! |---|---|
 //! | `GET /v1/health` | 200, or 503 with the reasons (store unreachable, stuck transitions) |
-//! | `GET /v1/tasks?stage=&worker=&offset=&limit=` | `{total, offset, seq, items: [...]}` |
+//! | `GET /v1/tasks?stage=&worker=&q=&offset=&limit=` | `{total, offset, seq, counts, items: [...]}` |
 //! | `GET /v1/tasks/{id}` | one task, with more detail |
 //! | `POST /v1/tasks/{id}/pause\|resume\|stop?wait=` | 200 reached, 202 still settling, 409 refused |
+//! | `POST /v1/bulk/pause\|resume\|stop?stage=&worker=&q=&all=&wait=` | one command to many tasks (or `{"ids": [...]}`), one deadline: 200 all reached, 202 with the ones still settling |
 //! | `POST /v1/tasks` | create a task (cluster) |
 //! | `GET /v1/events`, `GET /v1/tasks/{id}/events` | Server-Sent Events, resumable (`Last-Event-ID`) |
 //! | `GET /v1/workers` | the workers (cluster), each with `draining` |
@@ -145,6 +146,9 @@ pub(crate) struct Item {
     /// `(kind, error text)`.
     pub(crate) outcome: Option<(&'static str, Option<String>)>,
     pub(crate) progress: Option<(u64, Option<u64>)>,
+    /// Whether an operator paused it: locally the lifecycle's user-paused mark (a
+    /// pause command, not a failure, holds it); in a cluster, desired Paused.
+    pub(crate) user_paused: Option<bool>,
 }
 
 impl Item {
@@ -158,6 +162,7 @@ impl Item {
             "since": self.since,
             "outcome": self.outcome.as_ref().map(|(kind, error)| json!({"kind": kind, "error": error})),
             "progress": self.progress.map(|(done, total)| json!({"done": done, "total": total})),
+            "user_paused": self.user_paused,
         })
     }
 }
@@ -248,6 +253,7 @@ pub(crate) struct Shared {
     pub(crate) browsers: origin::Browsers,
     pub(crate) body_limit: usize,
     pub(crate) stuck_after: Duration,
+    pub(crate) streams_end: tokio_util::sync::CancellationToken,
 }
 
 /// Builds the router: pick the layer ([`Api::local`], [`Api::cluster`]), set the
@@ -260,6 +266,7 @@ pub struct Api {
     browsers: origin::Browsers,
     body_limit: usize,
     stuck_after: Duration,
+    streams_end: tokio_util::sync::CancellationToken,
 }
 
 impl std::fmt::Debug for Api {
@@ -281,6 +288,7 @@ impl Api {
             browsers: origin::Browsers::default(),
             body_limit: DEFAULT_BODY_LIMIT,
             stuck_after: DEFAULT_STUCK_AFTER,
+            streams_end: tokio_util::sync::CancellationToken::new(),
         }
     }
 
@@ -350,6 +358,31 @@ impl Api {
         self
     }
 
+    /// Ends every event stream of this router, open or opened later, when `token`
+    /// is cancelled. An open stream never ends on its own, so a server's graceful
+    /// shutdown, which waits for every connection to finish, waits for ever while a
+    /// page or a `curl -N` watches; cancel the same token that starts the shutdown:
+    ///
+    /// ```
+    /// # use taskstage_http::{Api, Auth, LocalTasks};
+    /// use tokio_util::sync::CancellationToken;
+    /// # let tasks: LocalTasks = LocalTasks::new();
+    /// let shutdown = CancellationToken::new();
+    /// let app = Api::local(&tasks)
+    ///     .auth(Auth::tokens().admin("admin-token"))
+    ///     .end_streams_on(shutdown.clone())
+    ///     .router();
+    /// // axum::serve(listener, app)
+    /// //     .with_graceful_shutdown(shutdown.cancelled_owned())
+    /// //     .await?;
+    /// // and on ctrl-c (or SIGTERM): shutdown.cancel();
+    /// # drop(app);
+    /// ```
+    pub fn end_streams_on(mut self, token: tokio_util::sync::CancellationToken) -> Self {
+        self.streams_end = token;
+        self
+    }
+
     /// The router: mount it with `Router::nest` or serve it as it is.
     pub fn router(self) -> Router {
         routes::router(Arc::new(Shared {
@@ -359,6 +392,7 @@ impl Api {
             browsers: self.browsers,
             body_limit: self.body_limit,
             stuck_after: self.stuck_after,
+            streams_end: self.streams_end,
         }))
     }
 }

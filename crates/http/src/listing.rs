@@ -14,6 +14,9 @@
 //!    one slice of `text`.
 //! 2. A listing is never changed once built (it is shared behind an `Arc`); a newer
 //!    state is a new listing.
+//! 3. `counts` holds, for each stage and for the tasks with no stage (a cluster's
+//!    task no owner reported), how many of `items` are in it: together, every item
+//!    once.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -26,6 +29,7 @@ use axum::response::{IntoResponse, Response};
 use futures_core::Stream;
 
 use super::Item;
+use taskstage::Stage;
 
 /// Every task, with its JSON text (invariant 1).
 #[derive(Debug, Default)]
@@ -33,7 +37,13 @@ pub(crate) struct Listing {
     pub(crate) items: Vec<Item>,
     text: Bytes,
     bounds: Vec<(usize, usize)>,
+    /// Tasks per stage, in [`Stage::ALL`]'s order, then those with none
+    /// (invariant 3).
+    counts: [usize; STAGES + 1],
 }
+
+/// How many stages there are.
+const STAGES: usize = Stage::ALL.len();
 
 impl Listing {
     /// Serializes every item.
@@ -50,7 +60,9 @@ impl Listing {
     ) -> Self {
         let mut text = Vec::with_capacity(items.len() * 160);
         let mut bounds = Vec::with_capacity(items.len());
+        let mut counts = [0; STAGES + 1];
         for (i, item) in items.iter().enumerate() {
+            counts[item.stage.map_or(STAGES, |s| s as usize)] += 1;
             if i > 0 {
                 text.push(b',');
             }
@@ -69,7 +81,19 @@ impl Listing {
             items,
             text: Bytes::from(text),
             bounds,
+            counts,
         }
+    }
+
+    /// The answer's `counts`: `{"New": n, …, "Finished": n, "none": n}`, over every
+    /// task whatever the filter.
+    pub(crate) fn counts_json(&self) -> String {
+        let mut out = String::from("{");
+        for (i, stage) in Stage::ALL.iter().enumerate() {
+            out.push_str(&format!("\"{}\":{},", stage.name(), self.counts[i]));
+        }
+        out.push_str(&format!("\"none\":{}}}", self.counts[STAGES]));
+        out
     }
 
     /// The JSON text of item `i`.
@@ -88,8 +112,9 @@ impl Listing {
         seq: u64,
     ) -> Response {
         let total = selected.map_or(self.items.len(), <[usize]>::len);
+        let counts = self.counts_json();
         let head = format!(
-            "{{\"total\":{total},\"offset\":{offset},\"limit\":{limit},\"seq\":{seq},\"items\":["
+            "{{\"total\":{total},\"offset\":{offset},\"limit\":{limit},\"seq\":{seq},\"counts\":{counts},\"items\":["
         );
         let mut chunks = VecDeque::from([Bytes::from(head)]);
         let first = offset.min(total);
@@ -155,7 +180,29 @@ mod tests {
             since: Some(7),
             outcome: None,
             progress: Some((1, Some(2))),
+            user_paused: Some(false),
         }
+    }
+
+    #[test]
+    fn the_counts_hold_every_item_once_under_its_stage() {
+        let mut paused = item("p");
+        paused.stage = Some(taskstage::Stage::Paused);
+        let mut unreported = item("u");
+        unreported.stage = None;
+        let listing = Listing::new(vec![item("a"), item("b"), paused, unreported]);
+        let counts: serde_json::Value = serde_json::from_str(&listing.counts_json()).expect("JSON");
+        assert_eq!(counts["Running"], 2, "{counts}");
+        assert_eq!(counts["Paused"], 1, "{counts}");
+        assert_eq!(counts["none"], 1, "{counts}");
+        let sum: u64 = counts
+            .as_object()
+            .expect("an object")
+            .values()
+            .filter_map(serde_json::Value::as_u64)
+            .sum();
+        assert_eq!(sum, 4, "{counts}");
+        assert_eq!(counts.as_object().map(|o| o.len()), Some(9), "{counts}");
     }
 
     #[test]

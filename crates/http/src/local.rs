@@ -205,6 +205,7 @@ impl<C: Send + Sync + 'static> LocalTasks<C> {
                             since: Some(since.load(Ordering::Relaxed)),
                             outcome: change.outcome.as_ref().map(outcome),
                             progress: Some((snapshot.progress.done, snapshot.progress.total)),
+                            user_paused: Some(snapshot.user_paused),
                         };
                         let data = serde_json::json!({
                             "task": &*id,
@@ -388,6 +389,7 @@ fn item_of<C: Send + Sync + 'static>(entry: &Entry<C>, snapshot: &TaskSnapshot) 
         since: Some(entry.since.load(Ordering::Relaxed)),
         outcome: snapshot.outcome.as_ref().map(outcome),
         progress: Some((snapshot.progress.done, snapshot.progress.total)),
+        user_paused: Some(snapshot.user_paused),
     }
 }
 
@@ -442,7 +444,6 @@ impl<C: Send + Sync + 'static> Source for LocalTasks<C> {
                 Some((index, name)) => serde_json::json!({"index": index, "name": &**name}),
                 None => Value::Null,
             };
-            body["user_paused"] = Value::from(snapshot.user_paused);
             body["seq"] = Value::from(snapshot.seq);
             Ok(body)
         })

@@ -34,6 +34,10 @@ const DEFAULT_LIMIT: usize = 1000;
 const MAX_LIMIT: usize = 10_000;
 /// How long an idle event stream waits before it sends a keep-alive comment.
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
+/// The most tasks one bulk command may name.
+const MAX_BULK: usize = 10_000;
+/// How many commands of one bulk command run at once.
+const BULK_AT_ONCE: usize = 64;
 /// How many events an event stream buffers for a slow client before it waits (and,
 /// if the hub moves on meanwhile, sends a gap).
 const STREAM_BUFFER: usize = 256;
@@ -47,6 +51,7 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/tasks/{id}/resume", post(resume))
         .route("/v1/tasks/{id}/stop", post(stop))
         .route("/v1/tasks/{id}/events", get(task_events))
+        .route("/v1/bulk/{command}", post(bulk))
         .route("/v1/events", get(all_events))
         .route("/v1/workers", get(workers))
         .route("/v1/workers/{id}/drain", post(drain))
@@ -270,9 +275,11 @@ fn task_id(path: Result<Path<String>, PathRejection>) -> Result<String, ApiError
 }
 
 async fn list(State(shared): St, RawQuery(query): RawQuery) -> Result<Response, ApiError> {
-    let params = params(query.as_deref(), &["stage", "worker", "offset", "limit"])?;
-    let stage = param(&params, "stage").map(parse_stage).transpose()?;
-    let worker = param(&params, "worker");
+    let params = params(
+        query.as_deref(),
+        &["stage", "worker", "q", "offset", "limit"],
+    )?;
+    let filter = Filter::of(&params)?;
     let offset = param(&params, "offset")
         .map(|t| parse_count("offset", t, usize::MAX))
         .transpose()?
@@ -284,17 +291,53 @@ async fn list(State(shared): St, RawQuery(query): RawQuery) -> Result<Response, 
     // Read before the list: a stream resumed from it misses no change after the list.
     let seq = shared.hub.last();
     let listing = shared.source.listing().await?;
-    let selected: Option<Vec<usize>> = (stage.is_some() || worker.is_some()).then(|| {
-        listing
-            .items
-            .iter()
-            .enumerate()
-            .filter(|(_, i)| stage.is_none_or(|s| i.stage == Some(s)))
-            .filter(|(_, i)| worker.is_none_or(|w| i.owner.as_deref() == Some(w)))
-            .map(|(n, _)| n)
-            .collect()
-    });
+    let selected = filter.select(&listing.items);
     Ok(listing.page(selected.as_deref(), offset, limit, seq))
+}
+
+/// Which tasks a list or a bulk command is about: `stage`, `worker` (the owner),
+/// and `q`, a part of the name matched without regard to ASCII case.
+struct Filter<'a> {
+    stage: Option<Stage>,
+    worker: Option<&'a str>,
+    q: Option<String>,
+}
+
+impl<'a> Filter<'a> {
+    fn of(params: &'a [(String, String)]) -> Result<Self, ApiError> {
+        Ok(Filter {
+            stage: param(params, "stage").map(parse_stage).transpose()?,
+            worker: param(params, "worker"),
+            q: param(params, "q")
+                .filter(|q| !q.is_empty())
+                .map(str::to_ascii_lowercase),
+        })
+    }
+
+    fn is_empty(&self) -> bool {
+        self.stage.is_none() && self.worker.is_none() && self.q.is_none()
+    }
+
+    fn matches(&self, item: &super::Item) -> bool {
+        self.stage.is_none_or(|s| item.stage == Some(s))
+            && self.worker.is_none_or(|w| item.owner.as_deref() == Some(w))
+            && self
+                .q
+                .as_deref()
+                .is_none_or(|q| item.id.to_ascii_lowercase().contains(q))
+    }
+
+    /// The indices of the items that match (`None`: no filter, every item).
+    fn select(&self, items: &[super::Item]) -> Option<Vec<usize>> {
+        (!self.is_empty()).then(|| {
+            items
+                .iter()
+                .enumerate()
+                .filter(|(_, i)| self.matches(i))
+                .map(|(n, _)| n)
+                .collect()
+        })
+    }
 }
 
 async fn show(
@@ -363,6 +406,180 @@ async fn command(
     }
 }
 
+/// `POST /v1/bulk/{pause|resume|stop}?stage=&worker=&q=&all=&wait=`, with an
+/// optional JSON body `{"ids": [...]}`: one command to many tasks under one deadline.
+/// 200 when every task reached the command's stage, 202 when some are still settling
+/// at the deadline (named under `settling`); tasks that refused are under `refused`
+/// with the error each got, and change nothing.
+async fn bulk(
+    State(shared): St,
+    path: Result<Path<String>, PathRejection>,
+    RawQuery(query): RawQuery,
+    headers: axum::http::HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let Path(name) = path.map_err(|e| {
+        ApiError::bad_request(format!("bad command in the path: {e}")).command("bulk")
+    })?;
+    let cmd = match name.as_str() {
+        "pause" => Cmd::Pause,
+        "resume" => Cmd::Resume,
+        "stop" => Cmd::Stop,
+        other => {
+            return Err(ApiError::bad_request(format!(
+                "no bulk command {other:?}: pause, resume or stop"
+            ))
+            .command("bulk"))
+        }
+    };
+    let fail = |e: ApiError| e.command(cmd.name());
+    let params =
+        params(query.as_deref(), &["stage", "worker", "q", "all", "wait"]).map_err(fail)?;
+    let filter = Filter::of(&params).map_err(fail)?;
+    let all = match param(&params, "all") {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(other) => {
+            return Err(fail(ApiError::bad_request(format!(
+                "all={other:?}: true or false"
+            ))))
+        }
+    };
+    let wait = param(&params, "wait")
+        .map(parse_wait)
+        .transpose()
+        .map_err(fail)?
+        .unwrap_or(DEFAULT_WAIT);
+    let body = body.map_err(|rejection| {
+        let status = rejection.status();
+        fail(if status == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::new(
+                status,
+                ErrorCode::TooLarge,
+                format!("the body is over the limit of {} bytes", shared.body_limit),
+            )
+        } else {
+            ApiError::bad_request(format!("unreadable body: {rejection}"))
+        })
+    })?;
+    let ids: Option<Vec<String>> = if body.is_empty() {
+        None
+    } else {
+        // JSON only where JSON is parsed (as for a create).
+        if !is_json(&headers) {
+            return Err(fail(ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                ErrorCode::UnsupportedMediaType,
+                "the body must be sent as Content-Type: application/json",
+            )));
+        }
+        let value: Value = serde_json::from_slice(&body)
+            .map_err(|e| fail(ApiError::bad_request(format!("the body is not JSON: {e}"))))?;
+        let ids = value
+            .get("ids")
+            .and_then(Value::as_array)
+            .and_then(|ids| ids.iter().map(|v| v.as_str().map(str::to_owned)).collect())
+            .ok_or_else(|| {
+                fail(ApiError::bad_request(
+                    "the body must be {\"ids\": [\"name\", ...]}",
+                ))
+            })?;
+        Some(ids)
+    };
+    if ids.is_some() && (all || !filter.is_empty()) {
+        return Err(fail(ApiError::bad_request(
+            "name the tasks one way: ids in the body, or a filter (stage, worker, q), or all=true",
+        )));
+    }
+    let selected: Vec<String> = match ids {
+        Some(ids) => ids,
+        None if all || !filter.is_empty() => {
+            let listing = shared.source.listing().await.map_err(fail)?;
+            listing
+                .items
+                .iter()
+                .filter(|i| filter.matches(i))
+                .map(|i| i.id.to_string())
+                .collect()
+        }
+        None => {
+            return Err(fail(ApiError::bad_request(
+                "name the tasks: ids in the body, a filter (stage, worker, q), or all=true",
+            )))
+        }
+    };
+    if selected.len() > MAX_BULK {
+        return Err(fail(ApiError::bad_request(format!(
+            "{} tasks selected; one bulk command takes at most {MAX_BULK}",
+            selected.len()
+        ))));
+    }
+    let deadline = tokio::time::Instant::now() + wait;
+    let gate = Arc::new(tokio::sync::Semaphore::new(BULK_AT_ONCE));
+    let mut runs = tokio::task::JoinSet::new();
+    for (n, id) in selected.iter().enumerate() {
+        let (shared, gate, id) = (Arc::clone(&shared), Arc::clone(&gate), id.clone());
+        runs.spawn(async move {
+            // The gate is never closed, so a permit comes.
+            let _permit = gate.acquire_owned().await.ok();
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            (n, shared.source.command(&id, cmd, left).await)
+        });
+    }
+    let mut answers: Vec<Option<Result<Reached, ApiError>>> =
+        selected.iter().map(|_| None).collect();
+    // Bounded: one answer per task, each command bounded by its wait.
+    while let Some(joined) = runs.join_next().await {
+        if let Ok((n, answer)) = joined {
+            answers[n] = Some(answer);
+        }
+    }
+    let (mut reached, mut settling, mut refused) = (Vec::new(), Vec::new(), Vec::new());
+    for (id, answer) in selected.iter().zip(answers) {
+        match answer {
+            Some(Ok(Reached::Done(body))) => {
+                reached.push(json!({"id": id, "stage": body["stage"]}));
+            }
+            Some(Ok(Reached::Settling(body))) => {
+                settling.push(json!({"id": id, "stage": body["stage"]}));
+            }
+            Some(Err(error)) => {
+                let mut entry = error.command(cmd.name()).task(id).body();
+                entry["id"] = Value::from(id.as_str());
+                refused.push(entry);
+            }
+            None => refused.push(json!({
+                "id": id,
+                "error_code": ErrorCode::Internal.as_str(),
+                "error_msg": "the command ended before it answered",
+            })),
+        }
+    }
+    let status = if settling.is_empty() {
+        StatusCode::OK
+    } else {
+        StatusCode::ACCEPTED
+    };
+    let body = json!({
+        "command": cmd.name(),
+        "selected": selected.len(),
+        "wait_ms": u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+        "reached": reached,
+        "settling": settling,
+        "refused": refused,
+    });
+    Ok(json_response(status, &body))
+}
+
+/// Whether `headers` say the body is JSON.
+fn is_json(headers: &axum::http::HeaderMap) -> bool {
+    headers
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/json"))
+}
+
 async fn create(
     State(shared): St,
     RawQuery(query): RawQuery,
@@ -373,12 +590,7 @@ async fn create(
     params(query.as_deref(), &[]).map_err(fail)?;
     // JSON only where JSON is parsed: no HTML form can send this type, so no page
     // of another origin can create a task without the browser asking first.
-    let json = headers
-        .get(axum::http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split(';').next())
-        .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/json"));
-    if !json {
+    if !is_json(&headers) {
         return Err(fail(ApiError::new(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ErrorCode::UnsupportedMediaType,
@@ -565,7 +777,8 @@ async fn all_events(
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     let (next, unknown) = start_of(&shared, &headers, query.as_deref())?;
-    Ok(stream(Arc::clone(&shared.hub), next, None, unknown).into_response())
+    let end = shared.streams_end.clone();
+    Ok(stream(Arc::clone(&shared.hub), next, None, unknown, end).into_response())
 }
 
 async fn task_events(
@@ -579,14 +792,47 @@ async fn task_events(
     if !shared.source.exists(&id).await? {
         return Err(ApiError::unknown_task(&id));
     }
-    Ok(stream(Arc::clone(&shared.hub), next, Some(Arc::from(id)), unknown).into_response())
+    let end = shared.streams_end.clone();
+    Ok(stream(
+        Arc::clone(&shared.hub),
+        next,
+        Some(Arc::from(id)),
+        unknown,
+        end,
+    )
+    .into_response())
 }
 
 /// The records of `hub` from `next` on (of one task, if `task`), as Server-Sent
-/// Events, with a `gap` event wherever the client fell behind the hub's ring.
-fn stream(hub: Arc<Hub>, mut next: u64, task: Option<Arc<str>>, unknown: bool) -> Sse<Events> {
+/// Events, with a `gap` event wherever the client fell behind the hub's ring; the
+/// stream ends when `end` is cancelled ([`Api::end_streams_on`](super::Api::end_streams_on)).
+fn stream(
+    hub: Arc<Hub>,
+    next: u64,
+    task: Option<Arc<str>>,
+    unknown: bool,
+    end: tokio_util::sync::CancellationToken,
+) -> Sse<Events> {
     let (tx, rx) = mpsc::channel(STREAM_BUFFER);
     tokio::spawn(async move {
+        // Dropping the sender ends the response's body, so the connection can close.
+        tokio::select! {
+            () = end.cancelled() => {}
+            () = feed(hub, next, task, unknown, &tx) => {}
+        }
+    });
+    Sse::new(Events(rx))
+}
+
+/// Sends the records of `hub` from `next` on into `tx` until the client goes.
+async fn feed(
+    hub: Arc<Hub>,
+    mut next: u64,
+    task: Option<Arc<str>>,
+    unknown: bool,
+    tx: &mpsc::Sender<SseEvent>,
+) {
+    {
         let mut pushed = hub.subscribe();
         if unknown {
             let gap = json!({"missed": null, "next_seq": next, "reason": "unknown event id"});
@@ -649,8 +895,7 @@ fn stream(hub: Arc<Hub>, mut next: u64, task: Option<Arc<str>>, unknown: bool) -
                 }
             }
         }
-    });
-    Sse::new(Events(rx))
+    }
 }
 
 /// The events of one stream, as the spawned reader sends them.

@@ -1182,3 +1182,189 @@ async fn a_second_task_of_a_served_name_is_refused_and_changes_nothing() {
     assert_eq!(tasks.len(), 1);
     second.stop().await.expect("stopped");
 }
+
+/// The list counts every task by stage whatever the filter, finds tasks by a part of
+/// their name without regard to case, and marks the ones an operator paused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_list_counts_by_stage_finds_by_name_and_marks_an_operators_pause() {
+    let (f, _lives, _) = fixture(&["orders-eu", "orders-us", "billing"], &[], None).await;
+    let (status, body) = call(
+        &f.router,
+        "POST",
+        "/v1/tasks/orders-us/pause?wait=10s",
+        Some(ADMIN),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+
+    let (status, body) = call(&f.router, "GET", "/v1/tasks?q=ORDERS", Some(READ), None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["total"], 2, "{body}");
+    let ids: Vec<&str> = body["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .filter_map(|i| i["id"].as_str())
+        .collect();
+    assert_eq!(ids, ["orders-eu", "orders-us"], "{body}");
+    // The counts are of every task, not of the page or the filter.
+    assert_eq!(body["counts"]["Running"], 2, "{body}");
+    assert_eq!(body["counts"]["Paused"], 1, "{body}");
+    assert_eq!(body["counts"]["none"], 0, "{body}");
+
+    let (_, body) = call(
+        &f.router,
+        "GET",
+        "/v1/tasks?q=us&stage=Paused",
+        Some(READ),
+        None,
+    )
+    .await;
+    assert_eq!(body["total"], 1, "{body}");
+    assert_eq!(body["items"][0]["id"], "orders-us", "{body}");
+    assert_eq!(body["items"][0]["user_paused"], true, "{body}");
+    let (_, body) = call(&f.router, "GET", "/v1/tasks?q=bill", Some(READ), None).await;
+    assert_eq!(body["items"][0]["user_paused"], false, "{body}");
+    let (_, body) = call(&f.router, "GET", "/v1/tasks?q=nothing", Some(READ), None).await;
+    assert_eq!(body["total"], 0, "{body}");
+    assert_eq!(body["counts"]["Running"], 2, "{body}");
+}
+
+/// One pause of many tasks under one deadline: each task the answer names as
+/// reached has no run alive; a task whose run holds on past the deadline is named
+/// as settling (202); a task that refuses is named with its error and is left as
+/// it was; bad requests are refused whole and change nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bulk_pause_answers_for_each_task_under_one_deadline() {
+    let (f, lives, hold) = fixture(&["a", "b", "held"], &["held"], None).await;
+    for live in &lives {
+        live.reaches(1).await;
+    }
+    // Nothing selected is a bad request, and so is a form's body.
+    let (status, body) = call(&f.router, "POST", "/v1/bulk/pause", Some(ADMIN), None).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["command"], "pause", "{body}");
+    let (status, body) = call(
+        &f.router,
+        "POST",
+        "/v1/bulk/halt?all=true",
+        Some(ADMIN),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let (status, body) = call(
+        &f.router,
+        "POST",
+        "/v1/bulk/pause?all=true",
+        Some(READ),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    for h in f.group.tasks() {
+        assert_eq!(
+            h.stage(),
+            Stage::Running,
+            "{}: a refused bulk changed it",
+            h.name()
+        );
+    }
+
+    let (status, body) = call(
+        &f.router,
+        "POST",
+        "/v1/bulk/pause?stage=Running&wait=300ms",
+        Some(ADMIN),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    assert_eq!(body["selected"], 3, "{body}");
+    let named = |list: &str| -> Vec<String> {
+        body[list]
+            .as_array()
+            .expect("a list")
+            .iter()
+            .filter_map(|e| e["id"].as_str().map(str::to_owned))
+            .collect()
+    };
+    let mut reached = named("reached");
+    reached.sort();
+    assert_eq!(reached, ["a", "b"], "{body}");
+    assert_eq!(named("settling"), ["held"], "{body}");
+    assert_eq!(body["settling"][0]["stage"], "Pausing", "{body}");
+    assert_eq!(lives[0].now(), 0, "a reached Paused with a's run alive");
+    assert_eq!(lives[1].now(), 0, "a reached Paused with b's run alive");
+    assert_eq!(
+        lives[2].now(),
+        1,
+        "the held run is alive, as its settling says"
+    );
+    hold.add_permits(1);
+    lives[2].reaches(0).await;
+
+    // By ids: a resume of two paused tasks and one unknown name.
+    let ids = br#"{"ids": ["a", "b", "nope"]}"#.to_vec();
+    let (status, body) = call(
+        &f.router,
+        "POST",
+        "/v1/bulk/resume?wait=10s",
+        Some(ADMIN),
+        Some(ids),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["reached"].as_array().map(Vec::len), Some(2), "{body}");
+    assert_eq!(body["refused"][0]["id"], "nope", "{body}");
+    assert_eq!(body["refused"][0]["error_code"], "unknown_task", "{body}");
+    lives[0].reaches(1).await;
+    lives[1].reaches(1).await;
+    // A resume of a task already running is refused for it alone.
+    let (status, body) = call(
+        &f.router,
+        "POST",
+        "/v1/bulk/resume?q=a&wait=10s",
+        Some(ADMIN),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["refused"][0]["id"], "a", "{body}");
+    assert_eq!(body["refused"][0]["stage"], "Running", "{body}");
+    assert_eq!(handle(&f, "a").stage(), Stage::Running);
+}
+
+/// Every event stream of a router ends when the token given to
+/// `Api::end_streams_on` is cancelled, and one opened after it ends at once: a
+/// server's graceful shutdown then ends with streams open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn event_streams_end_when_the_api_is_shut_down() {
+    let (f, _lives, _) = fixture(&["orders"], &[], None).await;
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let router = Api::local(&f.tasks)
+        .auth(auth())
+        .end_streams_on(shutdown.clone())
+        .router();
+    let mut all = SseReader::open(&router, "/v1/events", READ, None).await;
+    let mut one = SseReader::open(&router, "/v1/tasks/orders/events", READ, None).await;
+    assert!(
+        !all.ends_within(Duration::from_millis(200)).await,
+        "a stream ended before the shutdown"
+    );
+    shutdown.cancel();
+    assert!(
+        all.ends_within(WITHIN).await,
+        "the stream of every task did not end"
+    );
+    assert!(one.ends_within(WITHIN).await, "a task's stream did not end");
+    let mut late = SseReader::open(&router, "/v1/events", READ, None).await;
+    assert!(
+        late.ends_within(WITHIN).await,
+        "a stream opened after the shutdown"
+    );
+    // Without the token, a stream stays open.
+    let mut kept = SseReader::open(&f.router, "/v1/events", READ, None).await;
+    assert!(!kept.ends_within(Duration::from_millis(200)).await);
+}

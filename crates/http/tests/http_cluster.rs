@@ -635,3 +635,83 @@ async fn a_spec_over_the_stores_limit_is_413_and_creates_nothing() {
     let listed = controller.list().await.expect("the list");
     assert!(listed.is_empty(), "a task was created: {listed:?}");
 }
+
+/// A bulk pause through a cluster: one deadline for every task, each named reached
+/// only once its owner reported its run returned (the unit's counter agrees), the
+/// list marks them paused by an operator and counts them, and a bulk resume by ids
+/// runs them again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bulk_pause_through_a_cluster_reaches_every_task_it_names() {
+    let store = MemoryCoordinator::new();
+    let live = Live::default();
+    let _worker = join(&store, "worker-1", &live).await;
+    let controller = Controller::new(store, "app").expect("a controller");
+    for task in ["a", "b", "c"] {
+        controller
+            .create(task, Vec::new(), DesiredStage::Running)
+            .await
+            .expect("created");
+    }
+    let router = Api::cluster(controller)
+        .auth(Auth::tokens().admin(ADMIN).read_only(READ))
+        .router();
+    live.reaches(3).await;
+
+    let (status, body) = call(
+        &router,
+        "POST",
+        "/v1/bulk/pause?all=true&wait=10s",
+        Some(ADMIN),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["selected"], 3, "{body}");
+    assert_eq!(body["reached"].as_array().map(Vec::len), Some(3), "{body}");
+    assert!(
+        body["reached"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .all(|e| e["stage"] == "Paused"),
+        "{body}"
+    );
+    assert_eq!(
+        live.now(),
+        0,
+        "a bulk pause reached Paused with a run alive"
+    );
+
+    // The list catches up with the owner's reports; then every task is counted
+    // Paused and marked as an operator's pause.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let listed = loop {
+        let (_, listed) = call(&router, "GET", "/v1/tasks", Some(READ), None).await;
+        if listed["counts"]["Paused"] == 3 {
+            break listed;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{listed}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(
+        listed["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .all(|i| i["user_paused"] == true),
+        "{listed}"
+    );
+
+    let ids = br#"{"ids": ["a", "c"]}"#.to_vec();
+    let (status, body) = call(
+        &router,
+        "POST",
+        "/v1/bulk/resume?wait=10s",
+        Some(ADMIN),
+        Some(ids),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["reached"].as_array().map(Vec::len), Some(2), "{body}");
+    live.reaches(2).await;
+}

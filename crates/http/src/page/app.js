@@ -8,9 +8,21 @@
   if (!base.endsWith("/")) base += "/";
   const PAGE = 100;
   const STAGES = ["", "New", "Running", "Pausing", "Paused", "Resuming", "Stopping", "Stopped", "Finished"];
-  const state = { token: sessionStorage.getItem("taskstage-token") || "", scope: null, stage: "", offset: 0, rows: new Map(), pending: new Map(), seq: 0, stream: null };
+  const state = { token: sessionStorage.getItem("taskstage-token") || "", scope: null, stage: "", q: "", offset: 0, rows: new Map(), pending: new Map(), errors: new Map(), rates: new Map(), seq: 0, stream: null };
+  // The view is in the URL (#stage=Paused&q=orders), to share or reload; a token
+  // there is taken into the session and removed from the address.
   const hash = new URLSearchParams(location.hash.slice(1));
-  if (hash.get("token")) { state.token = hash.get("token"); sessionStorage.setItem("taskstage-token", state.token); history.replaceState(null, "", location.pathname); }
+  if (hash.get("token")) { state.token = hash.get("token"); sessionStorage.setItem("taskstage-token", state.token); }
+  if (STAGES.includes(hash.get("stage") || "")) state.stage = hash.get("stage") || "";
+  state.q = hash.get("q") || "";
+  function keepView() {
+    const h = new URLSearchParams();
+    if (state.stage) h.set("stage", state.stage);
+    if (state.q) h.set("q", state.q);
+    const text = h.toString();
+    history.replaceState(null, "", location.pathname + location.search + (text ? "#" + text : ""));
+  }
+  keepView();
   const $ = (id) => document.getElementById(id);
 
   function headers(extra) {
@@ -18,8 +30,10 @@
     if (state.token) h["Authorization"] = "Bearer " + state.token;
     return h;
   }
-  async function api(method, path) {
-    const res = await fetch(base + path, { method, headers: headers() });
+  async function api(method, path, json) {
+    const init = { method, headers: headers(json ? { "Content-Type": "application/json" } : {}) };
+    if (json) init.body = JSON.stringify(json);
+    const res = await fetch(base + path, init);
     let body = null;
     try { body = await res.json(); } catch (e) { body = null; }
     return { status: res.status, body };
@@ -42,12 +56,41 @@
     return String(text).replace(HIDDEN, (c) => "\\u{" + c.codePointAt(0).toString(16).toUpperCase() + "}");
   }
 
+  // Which command makes sense in which stage: the others are shown disabled.
+  const ALLOWED = {
+    pause: ["Running", "Resuming"],
+    resume: ["New", "Paused"],
+    stop: ["New", "Running", "Pausing", "Paused", "Resuming"],
+  };
+  const fmtCount = (n) => Number(n).toLocaleString("en");
+
+  // Progress as done / total (%), with the rate and the time left from the last
+  // two readings of this task.
+  function progressText(id, p) {
+    const now = Date.now();
+    const seen = state.rates.get(id);
+    let rate = seen ? seen.rate : null;
+    if (seen && p.done !== seen.done && now > seen.at) rate = (p.done - seen.done) / ((now - seen.at) / 1000);
+    if (!seen || p.done !== seen.done) state.rates.set(id, { done: p.done, at: now, rate });
+    let text = fmtCount(p.done);
+    if (p.total) text += " / " + fmtCount(p.total) + " (" + (100 * p.done / p.total).toFixed(1) + "%)";
+    if (rate && rate > 0) {
+      text += ", " + fmtCount(Math.round(rate)) + "/s";
+      if (p.total && p.total > p.done) {
+        const left = Math.round((p.total - p.done) / rate);
+        text += ", " + (left < 60 ? left + "s" : left < 3600 ? Math.round(left / 60) + "m" : Math.round(left / 3600) + "h") + " left";
+      }
+    }
+    return text;
+  }
+
   function row(item) {
     const tr = document.createElement("tr");
     tr.dataset.id = item.id;
     const pending = state.pending.get(item.id);
     const stage = pending || item.stage || "";
-    const cells = [item.id, null, item.desired || "", item.owner || "", fmtSince(item.since), null, item.outcome ? (item.outcome.kind + (item.outcome.error ? ": " + item.outcome.error : "")) : "", null];
+    const outcome = item.outcome ? (item.outcome.kind + (item.outcome.error ? ": " + item.outcome.error : "")) : "";
+    const cells = [item.id, null, item.desired || "", item.owner || "", fmtSince(item.since), null, null, outcome];
     cells.forEach((text, i) => {
       const td = document.createElement("td");
       if (i === 1) {
@@ -56,30 +99,69 @@
         span.className = stage;
         span.textContent = stage || "–";
         td.appendChild(span);
+        if (item.user_paused && (stage === "Paused" || stage === "New")) {
+          const by = document.createElement("span");
+          by.className = "by";
+          by.textContent = "by an operator";
+          td.appendChild(by);
+        }
       } else if (i === 5) {
+        td.className = "progress";
         if (item.progress) {
           if (item.progress.total) {
             const p = document.createElement("progress");
             p.max = item.progress.total; p.value = item.progress.done;
             td.appendChild(p);
-            td.append(" " + item.progress.done + "/" + item.progress.total);
-          } else td.textContent = String(item.progress.done);
+          }
+          td.append(" " + progressText(item.id, item.progress));
         }
-      } else if (i === 7) {
+      } else if (i === 6) {
         td.className = "cmds";
         for (const cmd of ["pause", "resume", "stop"]) {
           const b = document.createElement("button");
           b.type = "button";
           b.textContent = cmd;
           b.dataset.cmd = cmd;
-          b.disabled = state.scope !== "admin" || !!pending;
+          b.disabled = state.scope !== "admin" || !!pending || !ALLOWED[cmd].includes(stage);
           b.addEventListener("click", () => command(item.id, cmd));
           td.appendChild(b);
         }
-      } else td.textContent = visible(text);
+        const err = state.errors.get(item.id);
+        if (err) {
+          const e = document.createElement("span");
+          e.className = "rowerr";
+          e.textContent = visible(err);
+          td.appendChild(e);
+        }
+      } else {
+        if (i === 7) { td.className = "outcome"; td.title = visible(text); }
+        td.textContent = visible(text);
+      }
       tr.appendChild(td);
     });
     return tr;
+  }
+
+  // Whether an item belongs in the view shown (its stage and name filter).
+  function inView(item) {
+    const stage = state.pending.get(item.id) || item.stage || "";
+    return (!state.stage || stage === state.stage) && (!state.q || item.id.toLowerCase().includes(state.q.toLowerCase()));
+  }
+
+  function showCounts(counts) {
+    let all = 0;
+    for (const a of nav.children) {
+      const s = a.dataset.stage;
+      if (s) all += counts[s] || 0;
+    }
+    all += counts.none || 0;
+    for (const a of nav.children) {
+      const s = a.dataset.stage;
+      const n = s ? (counts[s] || 0) : all;
+      let c = a.querySelector(".count");
+      if (!c) { c = document.createElement("span"); c.className = "count"; a.appendChild(c); }
+      c.textContent = "(" + fmtCount(n) + ")";
+    }
   }
 
   function render() {
@@ -87,11 +169,16 @@
     body.replaceChildren(...Array.from(state.rows.values()).map(row));
   }
 
+  function filterQuery() {
+    return (state.stage ? "&stage=" + state.stage : "") + (state.q ? "&q=" + encodeURIComponent(state.q) : "");
+  }
+
   async function load() {
-    const q = "v1/tasks?offset=" + state.offset + "&limit=" + PAGE + (state.stage ? "&stage=" + state.stage : "");
+    const q = "v1/tasks?offset=" + state.offset + "&limit=" + PAGE + filterQuery();
     const { status, body } = await api("GET", q);
-    if (status !== 200) { showError(body ? body.error_msg : "HTTP " + status); return false; }
+    if (status !== 200) { showError(status === 401 ? "enter a token: this server needs one" : (body ? body.error_msg : "HTTP " + status)); return false; }
     showError("");
+    if (body.counts) showCounts(body.counts);
     state.rows = new Map(body.items.map((i) => [i.id, i]));
     const last = Math.min(body.offset + body.items.length, body.total);
     $("pageinfo").textContent = body.total ? (body.offset + 1) + "–" + last + " of " + body.total : "no tasks";
@@ -107,25 +194,47 @@
     render();
     const { status, body } = await api("POST", "v1/tasks/" + encodeURIComponent(id) + "/" + cmd + "?wait=30s");
     state.pending.delete(id);
+    state.errors.delete(id);
     if (status === 200 && body) {
       const item = state.rows.get(id);
-      if (item) { item.stage = body.stage; state.rows.set(id, Object.assign(item, { outcome: body.outcome, desired: body.desired })); }
-      showError("");
+      if (item) { item.stage = body.stage; state.rows.set(id, Object.assign(item, { outcome: body.outcome, desired: body.desired, user_paused: body.user_paused })); }
     } else if (status === 202) {
       // Accepted, still settling: the stream tells the truth when it arrives.
       state.pending.set(id, body && body.stage ? body.stage : settling);
     } else {
-      showError(body ? body.error_msg : "HTTP " + status);
+      // On the task's own row, not at the top of the page.
+      state.errors.set(id, body ? body.error_msg : "HTTP " + status);
     }
     render();
+  }
+
+  // One command to every task of the view (its stage and name filter), under one
+  // deadline; the answer names what reached the stage, what is still settling and
+  // what refused.
+  async function bulk(cmd) {
+    if (!state.stage && !state.q && !confirm(cmd + " every task?")) return;
+    const selection = state.stage || state.q ? filterQuery().slice(1) : "all=true";
+    $("bulk-report").textContent = cmd + "…";
+    const { status, body } = await api("POST", "v1/bulk/" + cmd + "?wait=5s&" + selection);
+    if ((status !== 200 && status !== 202) || !body) { $("bulk-report").textContent = cmd + ": " + (body ? body.error_msg : "HTTP " + status); return; }
+    const names = (list) => list.map((e) => visible(e.id)).join(", ");
+    let text = cmd + ": " + body.reached.length + " of " + body.selected + " reached";
+    if (body.settling.length) text += "; still settling: " + names(body.settling);
+    if (body.refused.length) text += "; refused: " + names(body.refused);
+    $("bulk-report").textContent = text;
+    for (const e of body.settling) state.pending.set(e.id, e.stage);
+    for (const e of body.refused) state.errors.set(e.id, e.error_msg);
+    await load();
   }
 
   function applyChange(data) {
     const item = state.rows.get(data.task);
     if (!data.item) return;
     if (item) {
-      state.rows.set(data.task, Object.assign({}, item, data.item, { progress: data.item.progress || item.progress }));
+      const next = Object.assign({}, item, data.item, { progress: data.item.progress || item.progress });
       state.pending.delete(data.task);
+      // A task that left the view's filter leaves the page shown.
+      if (inView(next)) state.rows.set(data.task, next); else state.rows.delete(data.task);
       render();
     }
   }
@@ -175,11 +284,12 @@
     const who = await api("GET", "v1/auth");
     if (who.status !== 200) {
       state.scope = null;
-      showError(who.body ? who.body.error_msg : "HTTP " + who.status);
+      showError(who.status === 401 ? "enter a token: this server needs one" : (who.body ? who.body.error_msg : "HTTP " + who.status));
       $("scope").textContent = "";
       return;
     }
     state.scope = who.body.scope;
+    for (const b of document.querySelectorAll("#tools button[data-bulk]")) b.disabled = state.scope !== "admin";
     $("scope").textContent = "scope: " + state.scope;
     $("source").textContent = who.body.source;
     const seq = await load();
@@ -192,9 +302,16 @@
     a.textContent = s || "all";
     a.dataset.stage = s;
     a.className = s === state.stage ? "on" : "";
-    a.addEventListener("click", () => { state.stage = s; state.offset = 0; for (const x of nav.children) x.className = x.dataset.stage === s ? "on" : ""; load(); });
+    a.addEventListener("click", () => { state.stage = s; state.offset = 0; for (const x of nav.children) x.className = x.dataset.stage === s ? "on" : ""; keepView(); load(); });
     nav.appendChild(a);
   }
+  $("search").value = state.q;
+  let searching = null;
+  $("search").addEventListener("input", () => {
+    clearTimeout(searching);
+    searching = setTimeout(() => { state.q = $("search").value.trim(); state.offset = 0; keepView(); load(); }, 150);
+  });
+  for (const b of document.querySelectorAll("#tools button[data-bulk]")) b.addEventListener("click", () => bulk(b.dataset.bulk));
   $("prev").addEventListener("click", () => { state.offset = Math.max(0, state.offset - PAGE); load(); });
   $("next").addEventListener("click", () => { state.offset += PAGE; load(); });
   $("login").addEventListener("submit", (e) => { e.preventDefault(); state.token = $("token").value; sessionStorage.setItem("taskstage-token", state.token); boot(0); });
