@@ -451,3 +451,230 @@ async fn a_name_with_direction_controls_shows_them_instead_of_obeying_them() {
     server.abort();
     drop(spoof);
 }
+
+/// A check of the rows a page shows, by their task ids.
+type RowCheck = Box<dyn Fn(&[String]) -> bool + Send + Sync>;
+
+/// The console an operator works in: the view's filter in the URL, the count of
+/// every stage equal to the API's, a task found by a part of its name within a
+/// second, a bulk pause of a stage answered within its deadline with the tasks still
+/// settling named (and the units agree), and buttons that follow the stage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_counts_finds_by_name_and_pauses_a_stage_in_bulk() {
+    let Some((chromium, chromedriver)) = browser_tools() else {
+        return;
+    };
+    let hold = Arc::new(tokio::sync::Semaphore::new(0));
+    let held = ["job-03", "job-17"];
+    let mut group = TaskGroup::new();
+    let mut lives = Vec::new();
+    for i in 0..30 {
+        let name = format!("job-{i:02}");
+        let live = Live::default();
+        let probe = Probe {
+            live: live.clone(),
+            hold: held.contains(&name.as_str()).then(|| Arc::clone(&hold)),
+        };
+        let handle = Task::builder(name.as_str())
+            .unit(probe)
+            .spawn()
+            .expect("spawned");
+        handle.wait_for_stage(|s| s == Stage::Running).await;
+        group.add(handle);
+        lives.push((name, live));
+    }
+    for (_, live) in &lives {
+        live.reaches(1).await;
+    }
+    let tasks = LocalTasks::from_group(&group).expect("one task per name");
+    let router = Api::local(&tasks)
+        .auth(Auth::tokens().admin("admin-secret"))
+        .router();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a listener");
+    let addr = listener.local_addr().expect("its address");
+    let served = router.clone();
+    let server = tokio::spawn(async move { axum::serve(listener, served).await });
+
+    let (driver, client) = session(&chromium, &chromedriver, &[]).await;
+    let rows =
+        || async {
+            client
+            .execute(
+                "return Array.from(document.querySelectorAll('#rows tr')).map(r => r.dataset.id)",
+                vec![],
+            )
+            .await
+            .expect("the rows")
+            .as_array()
+            .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect::<Vec<_>>())
+            .unwrap_or_default()
+        };
+    let until = |what: &'static str, check: RowCheck| {
+        let rows = &rows;
+        async move {
+            let deadline = tokio::time::Instant::now() + WITHIN;
+            // Bounded by the deadline.
+            loop {
+                let now = rows().await;
+                if check(&now) {
+                    return now;
+                }
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "{what}: the page shows {now:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+
+    // The view comes from the URL, and the token leaves it.
+    client
+        .goto(&format!(
+            "http://{addr}/ui#token=admin-secret&stage=Running"
+        ))
+        .await
+        .expect("the page loads");
+    until("30 Running tasks listed", Box::new(|r| r.len() == 30)).await;
+    let url = client.current_url().await.expect("the URL");
+    assert_eq!(url.fragment(), Some("stage=Running"), "{url}");
+
+    // Every stage's count is the API's.
+    let (_, listed) =
+        http_common::call(&router, "GET", "/v1/tasks", Some("admin-secret"), None).await;
+    let shown = client
+        .execute(
+            "return Object.fromEntries(Array.from(document.querySelectorAll('#stages a')).map(a => [a.dataset.stage || 'all', (a.querySelector('.count') || {}).textContent]))",
+            vec![],
+        )
+        .await
+        .expect("the counts");
+    for stage in Stage::ALL {
+        let api = listed["counts"][stage.name()].as_u64().expect("a count");
+        assert_eq!(
+            shown[stage.name()].as_str(),
+            Some(format!("({api})").as_str()),
+            "{stage:?}: the page {shown} against the API {}",
+            listed["counts"]
+        );
+    }
+    assert_eq!(shown["all"].as_str(), Some("(30)"), "{shown}");
+
+    // A task found by a part of its name, whatever the case, within a second.
+    let search = client
+        .find(Locator::Css("#search"))
+        .await
+        .expect("the search box");
+    let typed = std::time::Instant::now();
+    search.send_keys("JOB-2").await.expect("typed");
+    let found = until(
+        "the tasks named job-2…",
+        Box::new(|r| r.len() == 10 && r.iter().all(|id| id.starts_with("job-2"))),
+    )
+    .await;
+    let took = typed.elapsed();
+    assert!(took < Duration::from_secs(1), "found {found:?} in {took:?}");
+    let url = client.current_url().await.expect("the URL");
+    assert_eq!(url.fragment(), Some("stage=Running&q=JOB-2"), "{url}");
+    search.clear().await.expect("cleared");
+    client
+        .execute(
+            "document.getElementById('search').dispatchEvent(new Event('input'))",
+            vec![],
+        )
+        .await
+        .expect("an input event");
+    until("every Running task again", Box::new(|r| r.len() == 30)).await;
+
+    // A bulk pause of the Running stage: answered within its 5 s deadline, with the
+    // two held tasks named as still settling; every task reported reached has no
+    // run alive, the held ones still have theirs.
+    let asked = std::time::Instant::now();
+    client
+        .find(Locator::Css("#bulk-pause"))
+        .await
+        .expect("the bulk pause")
+        .click()
+        .await
+        .expect("a click");
+    let deadline = tokio::time::Instant::now() + WITHIN;
+    let report = loop {
+        let text = client
+            .find(Locator::Css("#bulk-report"))
+            .await
+            .expect("the report")
+            .text()
+            .await
+            .unwrap_or_default();
+        if text.contains("reached") {
+            break text;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no report: {text:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let answered = asked.elapsed();
+    assert!(
+        answered < Duration::from_secs(8),
+        "answered in {answered:?}"
+    );
+    assert!(
+        report.starts_with("pause: 28 of 30 reached; still settling: "),
+        "{report}"
+    );
+    for name in held {
+        assert!(report.contains(name), "{name} not named: {report}");
+    }
+    for (name, live) in &lives {
+        let alive = live.now();
+        if held.contains(&name.as_str()) {
+            assert_eq!(alive, 1, "{name}: named settling, its run is alive");
+        } else {
+            assert_eq!(alive, 0, "{name}: reached Paused with its run alive");
+        }
+    }
+    // The view keeps only what is in its filter: the paused tasks left it.
+    until(
+        "only the held tasks in the Running view",
+        Box::new(move |r| r.iter().all(|id| held.contains(&id.as_str()))),
+    )
+    .await;
+    hold.add_permits(2);
+
+    // Buttons follow the stage: a Paused task can be resumed or stopped, not paused.
+    client.goto("about:blank").await.expect("a blank page");
+    client
+        .goto(&format!("http://{addr}/ui#stage=Paused&q=job-00"))
+        .await
+        .expect("the page loads");
+    until("job-00 Paused", Box::new(|r| r == ["job-00"])).await;
+    for (cmd, enabled) in [("pause", false), ("resume", true), ("stop", true)] {
+        let button = client
+            .find(Locator::Css(&format!(
+                "tr[data-id='job-00'] button[data-cmd='{cmd}']"
+            )))
+            .await
+            .expect("a button");
+        assert_eq!(
+            button.is_enabled().await.expect("enabled?"),
+            enabled,
+            "{cmd} on a Paused task"
+        );
+    }
+    let by = client
+        .find(Locator::Css("tr[data-id='job-00'] .by"))
+        .await
+        .expect("the operator's mark")
+        .text()
+        .await
+        .expect("its text");
+    assert_eq!(by, "by an operator");
+
+    client.close().await.expect("the session closes");
+    drop(driver);
+    server.abort();
+}
