@@ -1187,11 +1187,11 @@ async fn a_second_task_of_a_served_name_is_refused_and_changes_nothing() {
 /// their name without regard to case, and marks the ones an operator paused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_list_counts_by_stage_finds_by_name_and_marks_an_operators_pause() {
-    let (f, _lives, _) = fixture(&["orders-eu", "orders-us", "billing"], &[], None).await;
+    let (f, _lives, _) = fixture(&["orders-eu", "Orders-US", "billing"], &[], None).await;
     let (status, body) = call(
         &f.router,
         "POST",
-        "/v1/tasks/orders-us/pause?wait=10s",
+        "/v1/tasks/Orders-US/pause?wait=10s",
         Some(ADMIN),
         None,
     )
@@ -1207,7 +1207,7 @@ async fn the_list_counts_by_stage_finds_by_name_and_marks_an_operators_pause() {
         .iter()
         .filter_map(|i| i["id"].as_str())
         .collect();
-    assert_eq!(ids, ["orders-eu", "orders-us"], "{body}");
+    assert_eq!(ids, ["orders-eu", "Orders-US"], "{body}");
     // The counts are of every task, not of the page or the filter.
     assert_eq!(body["counts"]["Running"], 2, "{body}");
     assert_eq!(body["counts"]["Paused"], 1, "{body}");
@@ -1222,7 +1222,7 @@ async fn the_list_counts_by_stage_finds_by_name_and_marks_an_operators_pause() {
     )
     .await;
     assert_eq!(body["total"], 1, "{body}");
-    assert_eq!(body["items"][0]["id"], "orders-us", "{body}");
+    assert_eq!(body["items"][0]["id"], "Orders-US", "{body}");
     assert_eq!(body["items"][0]["user_paused"], true, "{body}");
     let (_, body) = call(&f.router, "GET", "/v1/tasks?q=bill", Some(READ), None).await;
     assert_eq!(body["items"][0]["user_paused"], false, "{body}");
