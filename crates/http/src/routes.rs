@@ -450,18 +450,7 @@ async fn bulk(
         .transpose()
         .map_err(fail)?
         .unwrap_or(DEFAULT_WAIT);
-    let body = body.map_err(|rejection| {
-        let status = rejection.status();
-        fail(if status == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::new(
-                status,
-                ErrorCode::TooLarge,
-                format!("the body is over the limit of {} bytes", shared.body_limit),
-            )
-        } else {
-            ApiError::bad_request(format!("unreadable body: {rejection}"))
-        })
-    })?;
+    let body = body.map_err(|rejection| fail(body_error(&rejection, shared.body_limit)))?;
     let ids: Option<Vec<String>> = if body.is_empty() {
         None
     } else {
@@ -571,6 +560,20 @@ async fn bulk(
     Ok(json_response(status, &body))
 }
 
+/// The error of a body that could not be read: 413 over `limit`, else 400.
+fn body_error(rejection: &BytesRejection, limit: usize) -> ApiError {
+    let status = rejection.status();
+    if status == StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::new(
+            status,
+            ErrorCode::TooLarge,
+            format!("the body is over the limit of {limit} bytes"),
+        )
+    } else {
+        ApiError::bad_request(format!("unreadable body: {rejection}"))
+    }
+}
+
 /// Whether `headers` say the body is JSON.
 fn is_json(headers: &axum::http::HeaderMap) -> bool {
     headers
@@ -597,19 +600,7 @@ async fn create(
             "the body must be sent as Content-Type: application/json",
         )));
     }
-    let body = body.map_err(|rejection| {
-        let status = rejection.status();
-        if status == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::new(
-                status,
-                ErrorCode::TooLarge,
-                format!("the body is over the limit of {} bytes", shared.body_limit),
-            )
-        } else {
-            ApiError::bad_request(format!("unreadable body: {rejection}"))
-        }
-        .command("create")
-    })?;
+    let body = body.map_err(|rejection| fail(body_error(&rejection, shared.body_limit)))?;
     let value: Value = serde_json::from_slice(&body)
         .map_err(|e| fail(ApiError::bad_request(format!("the body is not JSON: {e}"))))?;
     let Value::Object(fields) = value else {
