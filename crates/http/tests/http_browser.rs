@@ -140,7 +140,7 @@ async fn title_when_done(client: &fantoccini::Client) -> String {
 }
 
 /// The page of another origin, served beside an open API at `api`: it pauses,
-/// stops and creates through `fetch` (no-cors, no preflight) and through a form
+/// stops (one task, and every task in bulk) and creates through `fetch` (no-cors, no preflight) and through a form
 /// posted into a frame, tries to read the list, then writes what it saw into its
 /// title.
 fn attacker_page(api: &str) -> String {
@@ -158,6 +158,8 @@ const framed = new Promise(done => {{ document.querySelector("iframe").onload = 
 Promise.all([
   blind("/v1/tasks/victim/pause?wait=0"),
   blind("/v1/tasks/victim/stop?wait=0"),
+  blind("/v1/bulk/pause?all=true&wait=0"),
+  blind("/v1/bulk/stop?all=true&wait=0"),
   blind("/v1/tasks", {{headers: {{"Content-Type": "text/plain"}}, body: JSON.stringify({{id: "fetched"}})}}),
   fetch(api + "/v1/tasks").then(r => r.text()).then(t => seen.push("READ " + t), e => seen.push("unreadable")),
   framed,
