@@ -971,3 +971,53 @@ fn settings_read_back_and_an_infinite_power_is_the_cap() {
     backoff.reset();
     assert_eq!((backoff.step(), backoff.current()), (0, secs(2)));
 }
+
+/// The observer reads what the policy reads out, in the order of addition, with a
+/// revision that moves on every change and stays when nothing changed; holding it
+/// does not keep the driver running.
+#[tokio::test(start_paused = true)]
+async fn an_observer_reads_the_statuses_and_keeps_no_driver_alive() {
+    let policy = AutoResume::new(no_jitter(), classify);
+    let driver = tokio::spawn(policy.run());
+    let observer = policy.observer();
+    let (first, _probe1) = scripted("first", &[Failure::Fatal]);
+    let (second, _probe2) = scripted("second", &[Failure::Blip]);
+    let before = observer.revision();
+    let a = policy.add(&first);
+    let after_one = observer.revision();
+    assert_ne!(after_one, before, "an addition moves the revision");
+    let b = policy.add(&second);
+    let statuses = observer.statuses();
+    let names: Vec<(Key, &str)> = statuses
+        .iter()
+        .map(|(k, s)| (*k, s.name.as_str()))
+        .collect();
+    assert_eq!(names, [(a, "first"), (b, "second")]);
+    assert_eq!(observer.status(a), policy.status(a));
+    let still = observer.revision();
+    assert_eq!(observer.revision(), still, "no change, the same revision");
+
+    first.resume().await.expect("New resumes");
+    let blocked = status_where(&policy, a, |s| {
+        matches!(s.standing, Standing::NotResumable { .. })
+    })
+    .await;
+    assert_eq!(observer.status(a), Some(blocked));
+    assert_ne!(
+        observer.revision(),
+        still,
+        "an observation moves the revision"
+    );
+
+    drop(policy.remove(b));
+    assert_eq!(observer.status(b), None);
+    assert_eq!(observer.statuses().len(), 1);
+
+    drop(policy);
+    tokio::time::timeout(Duration::from_secs(60), driver)
+        .await
+        .expect("the driver returns though an observer is held")
+        .expect("the driver did not panic");
+    // The last recorded state is still read.
+    assert_eq!(observer.statuses().len(), 1);
+}

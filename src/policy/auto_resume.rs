@@ -114,6 +114,56 @@ pub struct Status {
     pub auto_resumes: u64,
 }
 
+/// A read-only view of an [`AutoResume`], made by [`AutoResume::observer`].
+///
+/// It reads what the policy reads out (each task's [`Status`], and a counter of its
+/// changes) and commands nothing. Holding it does not keep the policy's driver
+/// running: once the last [`AutoResume`] is dropped, the driver returns and the
+/// statuses stay as they were last recorded.
+pub struct AutoResumeObserver<C: Send + Sync + 'static = ()> {
+    inner: Arc<Inner<C>>,
+}
+
+impl<C: Send + Sync + 'static> Clone for AutoResumeObserver<C> {
+    fn clone(&self) -> Self {
+        AutoResumeObserver {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+impl<C: Send + Sync + 'static> fmt::Debug for AutoResumeObserver<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AutoResumeObserver")
+            .field("revision", &self.revision())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<C: Send + Sync + 'static> AutoResumeObserver<C> {
+    /// The policy's state for one task, as [`AutoResume::status`] gives it.
+    pub fn status(&self, id: Key) -> Option<Status> {
+        self.inner.status(id)
+    }
+
+    /// Every watched task's status, in the order the tasks were added, read at one
+    /// instant (under one lock).
+    pub fn statuses(&self) -> Vec<(Key, Status)> {
+        lock(&self.inner.state)
+            .entries
+            .iter()
+            .map(|(id, entry)| (*id, entry.status(&self.inner.settings)))
+            .collect()
+    }
+
+    /// A counter that moves after every change of the recorded state (a task added,
+    /// removed or observed): the same number read twice means no status changed in
+    /// between, so a reader can keep what it built from the last one.
+    pub fn revision(&self) -> u64 {
+        *self.inner.revision.borrow()
+    }
+}
+
 /// What one [`AutoResume::dispatch_once`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -654,6 +704,13 @@ impl<C: Send + Sync + 'static> Inner<C> {
         live
     }
 
+    fn status(&self, id: Key) -> Option<Status> {
+        lock(&self.state)
+            .entries
+            .get(&id)
+            .map(|entry| entry.status(&self.settings))
+    }
+
     fn changed(&self) {
         self.revision.send_modify(|revision| *revision += 1);
     }
@@ -883,11 +940,16 @@ impl<C: Send + Sync + 'static> AutoResume<C> {
     /// task is not watched (removed, or dropped after it settled in Stopped or
     /// Finished).
     pub fn status(&self, id: Key) -> Option<Status> {
-        let inner = self.inner();
-        lock(&inner.state)
-            .entries
-            .get(&id)
-            .map(|entry| entry.status(&inner.settings))
+        self.inner().status(id)
+    }
+
+    /// A read-only view of the policy that does not keep it alive: its driver still
+    /// returns once every clone of the policy has been dropped. A server that shows
+    /// the policy's standing of each task beside the task holds one.
+    pub fn observer(&self) -> AutoResumeObserver<C> {
+        AutoResumeObserver {
+            inner: Arc::clone(&self.owner.inner),
+        }
     }
 
     /// Waits until `predicate` holds for the task's status (`None` once it is not

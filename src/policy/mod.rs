@@ -74,5 +74,5 @@
 mod auto_resume;
 mod backoff;
 
-pub use self::auto_resume::{AutoResume, Dispatch, Key, Standing, Status};
+pub use self::auto_resume::{AutoResume, AutoResumeObserver, Dispatch, Key, Standing, Status};
 pub use self::backoff::{Backoff, BackoffSettings, Jitter, PolicySettingsError, Setting};

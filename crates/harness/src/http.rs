@@ -69,6 +69,15 @@ impl Unit for Probe {
     }
 }
 
+/// A unit whose every run fails at once with the message it holds.
+pub struct Fails(pub &'static str);
+
+impl Unit for Fails {
+    async fn run(&mut self, _ctx: RunContext) -> Result<RunExit, RunError> {
+        Err(RunError::msg(self.0))
+    }
+}
+
 /// `count` probe tasks named `t00000`, `t00001`, …, in one group, each with its
 /// own [`Live`] count, returned once every one of them is Running.
 pub async fn running_probes(count: usize) -> (TaskGroup, Vec<Live>) {

@@ -157,6 +157,7 @@ fn item_of(status: &TaskStatus, since: Option<u64>) -> Item {
         outcome: observed.and_then(|o| outcome(&o.outcome)),
         progress: None,
         user_paused: Some(status.desired == taskstage_cluster::DesiredStage::Paused),
+        policy: None,
     }
 }
 

@@ -105,6 +105,22 @@ impl Hub {
         self.last.subscribe()
     }
 
+    /// The newest `max` records about `task` still kept, oldest first.
+    pub(crate) fn recent(&self, task: &str, max: usize) -> Vec<Record> {
+        let ring = self.ring();
+        let mut found: Vec<Record> = ring
+            .records
+            .iter()
+            .rev()
+            .filter(|r| &*r.task == task)
+            .take(max)
+            .cloned()
+            .collect();
+        drop(ring);
+        found.reverse();
+        found
+    }
+
     /// Up to `max` records from number `next` on, with the count of those missed
     /// before them when `next` is older than the oldest kept.
     pub(crate) fn read(&self, next: u64, max: usize) -> Batch {

@@ -149,6 +149,38 @@ pub(crate) struct Item {
     /// Whether an operator paused it: locally the lifecycle's user-paused mark (a
     /// pause command, not a failure, holds it); in a cluster, desired Paused.
     pub(crate) user_paused: Option<bool>,
+    /// The auto-resume policy's standing of the task, when a policy watches it
+    /// ([`LocalTasks::show_policy`]).
+    pub(crate) policy: Option<PolicyItem>,
+}
+
+/// What an [`AutoResume`](taskstage::policy::AutoResume) makes of one task, as the
+/// API shows it: its standing's name, the instants as ms since the Unix epoch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct PolicyItem {
+    /// `not_started`, `healthy`, `changing`, `backing_off`, `blocked` (a failure the
+    /// classifier does not resume), `user_paused` or `idle`.
+    pub(crate) standing: &'static str,
+    /// When the next auto-resume is due.
+    pub(crate) due: Option<u64>,
+    /// Since when the task is healthy or blocked.
+    pub(crate) since: Option<u64>,
+    /// The backoff step: auto-resumes not yet rolled back by healthy periods.
+    pub(crate) step: u32,
+    /// How many times the policy resumed the task.
+    pub(crate) auto_resumes: u64,
+}
+
+impl PolicyItem {
+    fn to_json(&self) -> Value {
+        json!({
+            "standing": self.standing,
+            "due": self.due,
+            "since": self.since,
+            "step": self.step,
+            "auto_resumes": self.auto_resumes,
+        })
+    }
 }
 
 impl Item {
@@ -163,6 +195,7 @@ impl Item {
             "outcome": self.outcome.as_ref().map(|(kind, error)| json!({"kind": kind, "error": error})),
             "progress": self.progress.map(|(done, total)| json!({"done": done, "total": total})),
             "user_paused": self.user_paused,
+            "policy": self.policy.as_ref().map(PolicyItem::to_json),
         })
     }
 }

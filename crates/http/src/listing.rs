@@ -181,6 +181,7 @@ mod tests {
             outcome: None,
             progress: Some((1, Some(2))),
             user_paused: Some(false),
+            policy: None,
         }
     }
 

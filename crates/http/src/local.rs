@@ -13,7 +13,8 @@ use serde_json::Value;
 use super::error::ApiError;
 use super::hub::{Hub, DEFAULT_CAPACITY};
 use super::listing::Listing;
-use super::{now_ms, BoxFuture, Cmd, Item, Reached, Source};
+use super::{now_ms, BoxFuture, Cmd, Item, PolicyItem, Reached, Source};
+use taskstage::policy::{AutoResume, AutoResumeObserver, Standing, Status};
 use taskstage::runtime::{Event, TaskObserver, TaskSnapshot, WeakHandle};
 use taskstage::Error;
 use taskstage::Stage;
@@ -55,6 +56,8 @@ struct Inner<C: Send + Sync + 'static> {
     /// `.await` (the build is synchronous).
     building: tokio::sync::Mutex<()>,
     hub: Arc<Hub>,
+    /// The policy whose standing of each task is shown ([`LocalTasks::show_policy`]).
+    policy: RwLock<Option<AutoResumeObserver<C>>>,
 }
 
 /// What one task's item was built from: its change counter and progress
@@ -62,9 +65,15 @@ struct Inner<C: Send + Sync + 'static> {
 /// the same item.
 type Key = (u64, taskstage::runtime::Progress, u64);
 
+/// The policy revision of a listing built without a policy.
+const NO_POLICY: u64 = u64::MAX;
+
 /// A listing, and the key of each of its items (in the same order).
 struct Cached {
     table: u64,
+    /// The policy's revision the items were built at ([`NO_POLICY`] without one):
+    /// another one means other standings, so every item is built anew.
+    policy: u64,
     keys: Vec<Key>,
     listing: Arc<Listing>,
 }
@@ -117,6 +126,7 @@ impl<C: Send + Sync + 'static> LocalTasks<C> {
                 cached: Mutex::new(None),
                 building: tokio::sync::Mutex::new(()),
                 hub: Arc::new(Hub::new(capacity)),
+                policy: RwLock::new(None),
             }),
         }
     }
@@ -206,13 +216,19 @@ impl<C: Send + Sync + 'static> LocalTasks<C> {
                             outcome: change.outcome.as_ref().map(outcome),
                             progress: Some((snapshot.progress.done, snapshot.progress.total)),
                             user_paused: Some(snapshot.user_paused),
+                            policy: None,
                         };
+                        let mut item = item.to_json();
+                        // The policy decides after this change (see `show_policy`).
+                        if let Some(fields) = item.as_object_mut() {
+                            fields.remove("policy");
+                        }
                         let data = serde_json::json!({
                             "task": &*id,
                             "from": change.from.name(),
                             "cause": change.cause.name(),
                             "generation": change.generation,
-                            "item": item.to_json(),
+                            "item": item,
                         });
                         hub.push(Arc::clone(&id), "change", data.to_string());
                     }
@@ -224,6 +240,40 @@ impl<C: Send + Sync + 'static> LocalTasks<C> {
             }
         });
         Ok(())
+    }
+
+    /// Shows `policy`'s standing of each served task it watches (matched by the
+    /// task's name): the list and a task's detail then carry `policy`, with the
+    /// standing (`backing_off` with when the retry is due, `blocked`, `user_paused`,
+    /// `healthy`…), the backoff step and how many times the policy resumed it. A
+    /// task the policy does not watch has `policy: null`. Serving the policy does not
+    /// keep it alive (it is read through an [`AutoResumeObserver`]). A second call
+    /// replaces the first.
+    ///
+    /// A change event's item carries no `policy`: the policy decides after the
+    /// change it reacts to, so its standing is read from the list or the detail.
+    pub fn show_policy(&self, policy: &AutoResume<C>) {
+        *self
+            .inner
+            .policy
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = Some(policy.observer());
+        // Relaxed: a listing of another table is built anew, nothing else.
+        self.inner.table.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The policy shown, and its revision now.
+    fn policy(&self) -> (Option<AutoResumeObserver<C>>, u64) {
+        let policy = self
+            .inner
+            .policy
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let revision = policy
+            .as_ref()
+            .map_or(NO_POLICY, AutoResumeObserver::revision);
+        (policy, revision)
     }
 
     /// How many tasks are served.
@@ -274,6 +324,9 @@ impl<C: Send + Sync + 'static> LocalTasks<C> {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()?;
+        if cached.policy != self.policy().1 {
+            return None;
+        }
         let entries = self
             .inner
             .entries
@@ -300,6 +353,10 @@ impl<C: Send + Sync + 'static> LocalTasks<C> {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
+        // The revision is read before the statuses: a change in between moves it
+        // past the one recorded, and the next request builds again.
+        let (policy, revision) = self.policy();
+        let statuses = statuses_by_name(policy.as_ref());
         let entries = self
             .inner
             .entries
@@ -307,7 +364,7 @@ impl<C: Send + Sync + 'static> LocalTasks<C> {
             .unwrap_or_else(PoisonError::into_inner);
         // Relaxed: under the entries' lock.
         let table = self.inner.table.load(Ordering::Relaxed);
-        let old = old.filter(|o| o.table == table);
+        let old = old.filter(|o| o.table == table && o.policy == revision);
         let mut keys = Vec::with_capacity(entries.0.len());
         let mut items = Vec::with_capacity(entries.0.len());
         let mut reused = Vec::with_capacity(entries.0.len());
@@ -326,7 +383,8 @@ impl<C: Send + Sync + 'static> LocalTasks<C> {
                 }
                 None => {
                     let snapshot = entry.observer.snapshot();
-                    let item = item_of(entry, &snapshot);
+                    let mut item = item_of(entry, &snapshot);
+                    item.policy = statuses.get(&*entry.id).map(policy_item);
                     keys.push((
                         snapshot.seq,
                         snapshot.progress,
@@ -351,10 +409,21 @@ impl<C: Send + Sync + 'static> LocalTasks<C> {
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(Cached {
             table,
+            policy: revision,
             keys,
             listing: Arc::clone(&listing),
         }));
         listing
+    }
+
+    /// The shown policy's standing of the task named `id`, if it watches it.
+    fn policy_of(&self, id: &str) -> Option<PolicyItem> {
+        let (policy, _) = self.policy();
+        let statuses = policy?.statuses();
+        statuses
+            .iter()
+            .find(|(_, status)| status.name == id)
+            .map(|(_, status)| policy_item(status))
     }
 
     fn find(&self, id: &str) -> Option<Arc<Entry<C>>> {
@@ -364,6 +433,50 @@ impl<C: Send + Sync + 'static> LocalTasks<C> {
             .read()
             .unwrap_or_else(PoisonError::into_inner);
         entries.1.get(id).and_then(|&i| entries.0.get(i)).cloned()
+    }
+}
+
+/// The statuses of the tasks `policy` watches, by name (the first of a name).
+fn statuses_by_name<C: Send + Sync + 'static>(
+    policy: Option<&AutoResumeObserver<C>>,
+) -> HashMap<String, Status> {
+    let mut by_name = HashMap::new();
+    for (_, status) in policy.map(AutoResumeObserver::statuses).unwrap_or_default() {
+        by_name.entry(status.name.clone()).or_insert(status);
+    }
+    by_name
+}
+
+/// `at` as ms since the Unix epoch, by its distance from now.
+fn epoch_ms(at: tokio::time::Instant) -> u64 {
+    let now = tokio::time::Instant::now();
+    let wall = now_ms();
+    let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    if at >= now {
+        wall.saturating_add(ms(at - now))
+    } else {
+        wall.saturating_sub(ms(now - at))
+    }
+}
+
+fn policy_item(status: &Status) -> PolicyItem {
+    let (standing, since) = match status.standing {
+        Standing::NotStarted => ("not_started", None),
+        Standing::Healthy { since } => ("healthy", Some(epoch_ms(since))),
+        Standing::Changing => ("changing", None),
+        Standing::BackingOff { .. } => ("backing_off", None),
+        Standing::NotResumable { since } => ("blocked", Some(epoch_ms(since))),
+        Standing::UserPaused => ("user_paused", None),
+        Standing::Idle => ("idle", None),
+        // A standing a later version of the core adds.
+        _ => ("other", None),
+    };
+    PolicyItem {
+        standing,
+        due: status.next_due.map(epoch_ms),
+        since,
+        step: status.step,
+        auto_resumes: status.auto_resumes,
     }
 }
 
@@ -390,6 +503,7 @@ fn item_of<C: Send + Sync + 'static>(entry: &Entry<C>, snapshot: &TaskSnapshot) 
         outcome: snapshot.outcome.as_ref().map(outcome),
         progress: Some((snapshot.progress.done, snapshot.progress.total)),
         user_paused: Some(snapshot.user_paused),
+        policy: None,
     }
 }
 
@@ -437,7 +551,9 @@ impl<C: Send + Sync + 'static> Source for LocalTasks<C> {
         Box::pin(async move {
             let entry = self.find(id).ok_or_else(|| ApiError::unknown_task(id))?;
             let snapshot = entry.observer.snapshot();
-            let mut body = item_of(&entry, &snapshot).to_json();
+            let mut item = item_of(&entry, &snapshot);
+            item.policy = self.policy_of(&entry.id);
+            let mut body = item.to_json();
             body["generation"] = Value::from(snapshot.generation);
             body["units"] = Value::from(snapshot.units);
             body["unit"] = match &snapshot.unit {

@@ -347,8 +347,22 @@ async fn show(
 ) -> Result<Response, ApiError> {
     let id = task_id(path)?;
     params(query.as_deref(), &[])?;
-    let body = shared.source.detail(&id).await?;
+    let mut body = shared.source.detail(&id).await?;
+    body["events"] = recent_events(&shared.hub, &id);
     Ok(json_response(StatusCode::OK, &body))
+}
+
+/// How many of a task's changes its detail shows.
+const RECENT_EVENTS: usize = 20;
+
+/// The task's newest changes the hub still keeps (at most [`RECENT_EVENTS`]),
+/// oldest first, each as its stream sends it: `{"seq", "event", "data"}`.
+fn recent_events(hub: &Hub, id: &str) -> Value {
+    let events = hub.recent(id, RECENT_EVENTS).into_iter().map(|record| {
+        let data = serde_json::from_str::<Value>(&record.data).unwrap_or(Value::Null);
+        json!({"seq": record.seq, "event": record.kind, "data": data})
+    });
+    Value::Array(events.collect())
 }
 
 async fn pause(

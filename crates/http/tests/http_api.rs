@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use axum::http::StatusCode;
 use axum::Router;
-use http_common::{call, Live, Probe, SseReader};
+use http_common::{call, Fails, Live, Probe, SseReader};
 use proptest::prelude::*;
 use serde_json::Value;
 use taskstage::{Handle, Stage, Task, TaskGroup};
@@ -1367,4 +1367,142 @@ async fn event_streams_end_when_the_api_is_shut_down() {
     // Without the token, a stream stays open.
     let mut kept = SseReader::open(&f.router, "/v1/events", READ, None).await;
     assert!(!kept.ends_within(Duration::from_millis(200)).await);
+}
+
+/// With a policy shown, three kinds of Paused read apart: one the policy retries
+/// (when, at which step), one blocked until a person acts, one an operator paused;
+/// a task the policy does not watch says so with `null`, a change of the policy
+/// alone reaches the next list, a change event's item leaves the standing to the
+/// list, and a task's detail carries its recent events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_policys_standing_and_a_tasks_recent_events_are_served() {
+    use taskstage::policy::{AutoResume, BackoffSettings, Standing};
+    let settings = BackoffSettings::new(Duration::from_secs(60), Duration::from_secs(120), 2.0)
+        .expect("valid settings");
+    let policy = AutoResume::new(settings, |e: &taskstage::RunError| {
+        e.to_string().contains("transient")
+    });
+    let _driver = tokio::spawn(policy.run());
+    let tasks = LocalTasks::new();
+    let mut group = TaskGroup::new();
+    let mut keys = std::collections::HashMap::new();
+    for (name, unit) in [
+        ("flaky", "transient: timed out"),
+        ("broken", "schema error"),
+    ] {
+        let handle = Task::builder(name)
+            .unit(Fails(unit))
+            .spawn()
+            .expect("spawned");
+        handle.wait_for_stage(|s| s == Stage::Paused).await;
+        keys.insert(name, policy.add(&handle));
+        tasks.add(&handle).expect("a name of its own");
+        group.add(handle);
+    }
+    for name in ["operated", "unwatched"] {
+        let probe = Probe {
+            live: Live::default(),
+            hold: None,
+        };
+        let handle = Task::builder(name).unit(probe).spawn().expect("spawned");
+        handle.wait_for_stage(|s| s == Stage::Running).await;
+        if name == "operated" {
+            keys.insert(name, policy.add(&handle));
+        }
+        tasks.add(&handle).expect("a name of its own");
+        group.add(handle);
+    }
+    tasks.show_policy(&policy);
+    let router = Api::local(&tasks).auth(auth()).router();
+    let mut stream = SseReader::open(&router, "/v1/tasks/operated/events", READ, None).await;
+    let (status, body) = call(
+        &router,
+        "POST",
+        "/v1/tasks/operated/pause?wait=10s",
+        Some(ADMIN),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let standing_of = |name: &'static str, want: fn(&Standing) -> bool| {
+        let policy = policy.clone();
+        let key = keys[name];
+        async move {
+            tokio::time::timeout(
+                WITHIN,
+                policy.wait_for(key, |s| s.is_some_and(|s| want(&s.standing))),
+            )
+            .await
+            .unwrap_or_else(|_| panic!("{name}'s standing within 10 s"))
+        }
+    };
+    standing_of("flaky", |s| matches!(s, Standing::BackingOff { .. })).await;
+    standing_of("broken", |s| matches!(s, Standing::NotResumable { .. })).await;
+    standing_of("operated", |s| *s == Standing::UserPaused).await;
+
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after the epoch")
+        .as_millis() as u64;
+    let (status, body) = call(&router, "GET", "/v1/tasks", Some(READ), None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let item = |name: &str| {
+        body["items"]
+            .as_array()
+            .expect("items")
+            .iter()
+            .find(|i| i["id"] == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("{name} listed: {body}"))
+    };
+    let flaky = item("flaky");
+    assert_eq!(flaky["policy"]["standing"], "backing_off", "{flaky}");
+    assert_eq!(flaky["policy"]["step"], 0, "{flaky}");
+    assert_eq!(flaky["policy"]["auto_resumes"], 0, "{flaky}");
+    // Equal jitter: between half the first delay and the whole of it from now.
+    let due = flaky["policy"]["due"].as_u64().expect("a due time");
+    assert!(
+        due >= now + 25_000 && due <= now + 61_000,
+        "due {due} at {now}: {flaky}"
+    );
+    let broken = item("broken");
+    assert_eq!(broken["policy"]["standing"], "blocked", "{broken}");
+    assert_eq!(broken["policy"]["due"], Value::Null, "{broken}");
+    let since = broken["policy"]["since"].as_u64().expect("blocked since");
+    assert!(since <= now + 1_000 && since + 60_000 > now, "{broken}");
+    assert_eq!(item("operated")["policy"]["standing"], "user_paused");
+    assert_eq!(item("unwatched")["policy"], Value::Null);
+
+    // The policy alone changed (no task did): the next list shows it.
+    drop(policy.remove(keys["broken"]));
+    let (_, body) = call(&router, "GET", "/v1/tasks?q=broken", Some(READ), None).await;
+    assert_eq!(body["items"][0]["policy"], Value::Null, "{body}");
+
+    let event = stream.next(WITHIN).await.expect("the pause's first event");
+    assert_eq!(event.data["item"]["stage"], "Pausing", "{event:?}");
+    assert!(event.data["item"].get("policy").is_none(), "{event:?}");
+
+    let (status, detail) = call(&router, "GET", "/v1/tasks/operated", Some(READ), None).await;
+    assert_eq!(status, StatusCode::OK, "{detail}");
+    assert_eq!(detail["policy"]["standing"], "user_paused", "{detail}");
+    let stages: Vec<&str> = detail["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .map(|e| e["data"]["item"]["stage"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(stages, ["Pausing", "Paused"], "{detail}");
+    let seqs: Vec<u64> = detail["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .filter_map(|e| e["seq"].as_u64())
+        .collect();
+    assert!(
+        seqs.windows(2).all(|w| w[0] < w[1]),
+        "oldest first: {detail}"
+    );
+    let (_, detail) = call(&router, "GET", "/v1/tasks/flaky", Some(READ), None).await;
+    assert_eq!(detail["policy"]["standing"], "backing_off", "{detail}");
+    assert_eq!(detail["events"], serde_json::json!([]), "{detail}");
 }

@@ -680,3 +680,163 @@ async fn the_console_counts_finds_by_name_and_pauses_a_stage_in_bulk() {
     drop(driver);
     server.abort();
 }
+
+/// Polls `script` in the page until it returns something truthy, within [`WITHIN`].
+async fn until_true(client: &fantoccini::Client, what: &str, script: &str) -> serde_json::Value {
+    let deadline = tokio::time::Instant::now() + WITHIN;
+    // Bounded by the deadline.
+    loop {
+        let value = client
+            .execute(script, vec![])
+            .await
+            .expect("the script runs");
+        let truthy = !matches!(
+            value,
+            serde_json::Value::Null | serde_json::Value::Bool(false)
+        ) && value != serde_json::json!("")
+            && value != serde_json::json!([]);
+        if truthy {
+            return value;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: the page shows {value}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Three kinds of Paused read apart on the page (a retry with its time and
+/// attempt, blocked until a person acts, an operator's pause), and a task's own
+/// view, opened from its name and kept in the URL, shows its detail and its recent
+/// events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_tells_the_policys_standing_and_opens_a_task_with_its_events() {
+    use http_common::Fails;
+    use taskstage::policy::{AutoResume, BackoffSettings, Standing};
+    let Some((chromium, chromedriver)) = browser_tools() else {
+        return;
+    };
+    let settings = BackoffSettings::new(Duration::from_secs(60), Duration::from_secs(120), 2.0)
+        .expect("valid settings");
+    let policy = AutoResume::new(settings, |e: &taskstage::RunError| {
+        e.to_string().contains("transient")
+    });
+    let _driver_task = tokio::spawn(policy.run());
+    let tasks = LocalTasks::new();
+    let mut group = TaskGroup::new();
+    let mut keys = Vec::new();
+    for (name, error) in [
+        ("flaky", "transient: timed out"),
+        ("broken", "schema error"),
+    ] {
+        let handle = Task::builder(name)
+            .unit(Fails(error))
+            .spawn()
+            .expect("spawned");
+        handle.wait_for_stage(|s| s == Stage::Paused).await;
+        keys.push(policy.add(&handle));
+        tasks.add(&handle).expect("a name of its own");
+        group.add(handle);
+    }
+    let operated = Task::builder("operated")
+        .unit(Probe {
+            live: Live::default(),
+            hold: None,
+        })
+        .spawn()
+        .expect("spawned");
+    operated.wait_for_stage(|s| s == Stage::Running).await;
+    keys.push(policy.add(&operated));
+    tasks.add(&operated).expect("a name of its own");
+    tasks.show_policy(&policy);
+    operated.pause().await.expect("paused");
+    for (key, want) in keys.iter().zip([
+        (|s: &Standing| matches!(s, Standing::BackingOff { .. })) as fn(&Standing) -> bool,
+        |s| matches!(s, Standing::NotResumable { .. }),
+        |s| *s == Standing::UserPaused,
+    ]) {
+        tokio::time::timeout(
+            WITHIN,
+            policy.wait_for(*key, |s| s.is_some_and(|s| want(&s.standing))),
+        )
+        .await
+        .expect("the policy's standing within the deadline");
+    }
+    let router = Api::local(&tasks)
+        .auth(Auth::tokens().admin("admin-secret"))
+        .router();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a listener");
+    let addr = listener.local_addr().expect("its address");
+    let server = tokio::spawn(async move { axum::serve(listener, router).await });
+    let (driver, client) = session(&chromium, &chromedriver, &[]).await;
+    client
+        .goto(&format!("http://{addr}/ui#token=admin-secret"))
+        .await
+        .expect("the page loads");
+    let stage_of = "return Object.fromEntries(Array.from(document.querySelectorAll('#rows tr')).map(r => [r.dataset.id, r.querySelector('td.stage').textContent]))";
+    let shown = until_true(
+        &client,
+        "three rows",
+        &format!("const s = (function () {{ {stage_of} }})(); return Object.keys(s).length === 3 ? s : null"),
+    )
+    .await;
+    let flaky = shown["flaky"].as_str().unwrap_or("");
+    assert!(
+        flaky.starts_with("Pausedretrying in ") && flaky.ends_with("s, attempt 1"),
+        "{shown}"
+    );
+    let seconds: u64 = flaky
+        .trim_start_matches("Pausedretrying in ")
+        .trim_end_matches("s, attempt 1")
+        .parse()
+        .expect("seconds");
+    assert!((25..=60).contains(&seconds), "{shown}");
+    assert_eq!(shown["broken"], "Pausedblocked: needs a person", "{shown}");
+    assert_eq!(shown["operated"], "Pausedby an operator", "{shown}");
+
+    // The task's own view, from its name, in the URL.
+    client
+        .find(Locator::Css("tr[data-id='operated'] a.open"))
+        .await
+        .expect("the name's link")
+        .click()
+        .await
+        .expect("clicked");
+    let events = "return document.getElementById('task').hidden ? null : Array.from(document.querySelectorAll('#task-events tr')).map(r => r.children[1].textContent)";
+    let changes = until_true(&client, "the task's events", events).await;
+    assert_eq!(
+        changes,
+        serde_json::json!(["Running → Pausing", "Pausing → Paused"]),
+        "the task's view"
+    );
+    let url = client.current_url().await.expect("the URL");
+    assert_eq!(url.fragment(), Some("task=operated"), "{url}");
+    client.refresh().await.expect("reloaded");
+    let again = until_true(&client, "the task's events after a reload", events).await;
+    assert_eq!(again, changes);
+    let fields = "return Object.fromEntries(Array.from(document.querySelectorAll('#task-fields dd')).map(d => [d.dataset.field, d.textContent]))";
+    let fields = client.execute(fields, vec![]).await.expect("the fields");
+    assert_eq!(fields["stage"], "Paused (by an operator)", "{fields}");
+    assert_eq!(fields["generation"], "1", "{fields}");
+    assert_eq!(fields["policy"], "user_paused, 0 auto-resumes", "{fields}");
+    client
+        .find(Locator::Id("task-close"))
+        .await
+        .expect("the close button")
+        .click()
+        .await
+        .expect("clicked");
+    until_true(
+        &client,
+        "the task's view closed",
+        "return document.getElementById('task').hidden && location.hash === ''",
+    )
+    .await;
+    client.close().await.expect("the session closes");
+    drop(driver);
+    server.abort();
+    drop((group, operated));
+}

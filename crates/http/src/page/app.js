@@ -8,17 +8,19 @@
   if (!base.endsWith("/")) base += "/";
   const PAGE = 100;
   const STAGES = ["", "New", "Running", "Pausing", "Paused", "Resuming", "Stopping", "Stopped", "Finished"];
-  const state = { token: sessionStorage.getItem("taskstage-token") || "", scope: null, stage: "", q: "", offset: 0, rows: new Map(), pending: new Map(), errors: new Map(), rates: new Map(), seq: 0, stream: null };
+  const state = { token: sessionStorage.getItem("taskstage-token") || "", scope: null, stage: "", q: "", task: "", offset: 0, rows: new Map(), pending: new Map(), errors: new Map(), rates: new Map(), seq: 0, stream: null };
   // The view is in the URL (#stage=Paused&q=orders), to share or reload; a token
   // there is taken into the session and removed from the address.
   const hash = new URLSearchParams(location.hash.slice(1));
   if (hash.get("token")) { state.token = hash.get("token"); sessionStorage.setItem("taskstage-token", state.token); }
   if (STAGES.includes(hash.get("stage") || "")) state.stage = hash.get("stage") || "";
   state.q = hash.get("q") || "";
+  state.task = hash.get("task") || "";
   function keepView() {
     const h = new URLSearchParams();
     if (state.stage) h.set("stage", state.stage);
     if (state.q) h.set("q", state.q);
+    if (state.task) h.set("task", state.task);
     const text = h.toString();
     history.replaceState(null, "", location.pathname + location.search + (text ? "#" + text : ""));
   }
@@ -84,6 +86,20 @@
     return text;
   }
 
+  // What the auto-resume policy makes of a task, when one watches it: a retry
+  // when, at which attempt, or blocked until a person acts. An operator's pause is
+  // told by "by an operator".
+  function standingText(p) {
+    if (!p) return "";
+    if (p.standing === "backing_off") {
+      const attempt = "attempt " + (p.step + 1);
+      if (p.due == null) return "retrying, " + attempt;
+      return "retrying in " + Math.max(0, Math.round((p.due - Date.now()) / 1000)) + "s, " + attempt;
+    }
+    if (p.standing === "blocked") return "blocked: needs a person";
+    return "";
+  }
+
   function row(item) {
     const tr = document.createElement("tr");
     tr.dataset.id = item.id;
@@ -104,6 +120,13 @@
           by.className = "by";
           by.textContent = "by an operator";
           td.appendChild(by);
+        }
+        const standing = stage === "Paused" ? standingText(item.policy) : "";
+        if (standing) {
+          const why = document.createElement("span");
+          why.className = "policy " + item.policy.standing;
+          why.textContent = standing;
+          td.appendChild(why);
         }
       } else if (i === 5) {
         td.className = "progress";
@@ -133,6 +156,14 @@
           e.textContent = visible(err);
           td.appendChild(e);
         }
+      } else if (i === 0) {
+        // The task's own view: its detail and its recent events.
+        const a = document.createElement("a");
+        a.className = "open";
+        a.href = "#";
+        a.textContent = visible(text);
+        a.addEventListener("click", (e) => { e.preventDefault(); openTask(item.id); });
+        td.appendChild(a);
       } else {
         if (i === 7) { td.className = "outcome"; td.title = visible(text); }
         td.textContent = visible(text);
@@ -227,9 +258,58 @@
     await load();
   }
 
+  // One task's view: every field of its detail, the last run's full error, the
+  // policy's standing, and its recent events, oldest first.
+  async function showTask() {
+    const panel = $("task");
+    if (!state.task) { panel.hidden = true; return; }
+    const { status, body } = await api("GET", "v1/tasks/" + encodeURIComponent(state.task));
+    panel.hidden = false;
+    $("task-name").textContent = visible(state.task);
+    const fields = $("task-fields");
+    fields.replaceChildren();
+    const add = (name, value) => {
+      if (value == null || value === "") return;
+      const dt = document.createElement("dt"); dt.textContent = name;
+      const dd = document.createElement("dd"); dd.textContent = visible(value); dd.dataset.field = name;
+      fields.append(dt, dd);
+    };
+    const events = $("task-events");
+    events.replaceChildren();
+    if (status !== 200 || !body) { add("error", body ? body.error_msg : "HTTP " + status); return; }
+    add("stage", body.stage + (body.user_paused && (body.stage === "Paused" || body.stage === "New") ? " (by an operator)" : ""));
+    add("desired", body.desired);
+    add("owner", body.owner);
+    add("generation", body.generation);
+    add("fence token", body.token);
+    if (body.unit) add("unit", (body.unit.index + 1) + " of " + body.units + ": " + body.unit.name);
+    if (body.progress) add("progress", progressText(body.id, body.progress));
+    add("since", fmtSince(body.since));
+    if (body.outcome) add("last run", body.outcome.kind + (body.outcome.error ? ": " + body.outcome.error : ""));
+    if (body.policy) add("policy", body.policy.standing + (standingText(body.policy) ? " (" + standingText(body.policy) + ")" : "") + ", " + body.policy.auto_resumes + " auto-resumes");
+    for (const e of body.events || []) {
+      const tr = document.createElement("tr");
+      const d = e.data || {};
+      const to = d.item ? d.item.stage : "";
+      const cells = [e.seq, e.event === "gap" ? "missed " + (d.missed || "some") + " changes" : (d.from ? d.from + " → " : "") + (to || ""), d.cause || "", d.generation == null ? "" : d.generation];
+      for (const c of cells) { const td = document.createElement("td"); td.textContent = visible(c); tr.appendChild(td); }
+      events.appendChild(tr);
+    }
+  }
+  function openTask(id) { state.task = id; keepView(); showTask(); }
+
+  // The list is read again soon after changes: the auto-resume policy's standing
+  // follows a change, it is not in the change's own event.
+  let reloadSoon = null;
+  function reloadAfterChange() {
+    if (reloadSoon) return;
+    reloadSoon = setTimeout(() => { reloadSoon = null; load(); if (state.task) showTask(); }, 700);
+  }
+
   function applyChange(data) {
     const item = state.rows.get(data.task);
     if (!data.item) return;
+    if (item || data.task === state.task) reloadAfterChange();
     if (item) {
       const next = Object.assign({}, item, data.item, { progress: data.item.progress || item.progress });
       state.pending.delete(data.task);
@@ -294,6 +374,7 @@
     $("source").textContent = who.body.source;
     const seq = await load();
     if (seq !== false) follow(seq);
+    showTask();
   }
 
   const nav = $("stages");
@@ -316,7 +397,8 @@
   $("next").addEventListener("click", () => { state.offset += PAGE; load(); });
   $("login").addEventListener("submit", (e) => { e.preventDefault(); state.token = $("token").value; sessionStorage.setItem("taskstage-token", state.token); boot(0); });
   // Progress is not an event: the shown page is read again every 5 s.
-  setInterval(() => { if (state.scope) load(); }, 5000);
+  setInterval(() => { if (state.scope) { load(); if (state.task) showTask(); } }, 5000);
+  $("task-close").addEventListener("click", () => { state.task = ""; keepView(); showTask(); });
   // A server that cannot be reached yet (starting, restarting) is tried again.
   function boot(attempt) {
     start().catch((e) => {
