@@ -756,11 +756,15 @@ impl<K: CancelHandle, C, U> Lifecycle<K, C, U> {
         if state.stage.is_terminal() {
             return (state.seq, true);
         }
+        let seen = state.seq;
         match &mut state.journal {
-            Some(journal) => journal.reserve(capacity),
-            None => state.journal = Some(Journal::new(capacity)),
+            Some(journal) => {
+                journal.reserve(capacity);
+                journal.join(seen);
+            }
+            None => state.journal = Some(Journal::new(capacity, seen)),
         }
-        (state.seq, false)
+        (seen, false)
     }
 
     /// Polls for the journal entry after change `*seen`, for a reader registered as
@@ -778,15 +782,19 @@ impl<K: CancelHandle, C, U> Lifecycle<K, C, U> {
             state.waiters.remove(id.take());
             return Poll::Ready(None);
         }
-        let Some(journal) = &state.journal else {
+        let Some(journal) = &mut state.journal else {
             state.waiters.remove(id.take());
             return Poll::Ready(None);
         };
-        match journal.read(*seen + 1) {
-            Some((entry, next)) => {
-                *seen = next - 1;
+        match journal.read_after(seen) {
+            Some(entry) => {
                 if let Event::Change(change) = &entry {
                     *ended = change.stage.is_terminal();
+                }
+                // A reader that read the terminal stage reads nothing more: it
+                // leaves, and with the last reader the journal goes.
+                if *ended && !journal.leave(*seen) {
+                    state.journal = None;
                 }
                 Poll::Ready(Some(entry))
             }
@@ -799,10 +807,21 @@ impl<K: CancelHandle, C, U> Lifecycle<K, C, U> {
         }
     }
 
-    /// Forgets reader `id` (its stream was dropped).
-    pub fn forget_reader(&self, id: Option<u64>) {
-        if id.is_some() {
-            lock(&self.state).waiters.remove(id);
+    /// Forgets the reader registered as waiter `id` that has read up to change
+    /// `seen` (its stream was dropped); with the last reader the journal goes. A
+    /// reader that `ended` has left the journal already (or never joined it).
+    pub fn forget_reader(&self, id: Option<u64>, seen: u64, ended: bool) {
+        if id.is_none() && ended {
+            return;
+        }
+        let mut state = lock(&self.state);
+        state.waiters.remove(id);
+        if !ended {
+            if let Some(journal) = &mut state.journal {
+                if !journal.leave(seen) {
+                    state.journal = None;
+                }
+            }
         }
     }
 

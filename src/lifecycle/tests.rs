@@ -290,3 +290,104 @@ fn an_abort_reaches_the_current_generation_only() {
         "the signal made with the generation fires"
     );
 }
+
+/// How many changes the journal holds (`None`: there is no journal).
+fn journaled(core: &Lifecycle<Flag>) -> Option<usize> {
+    lock(&core.state).journal.as_ref().map(Journal::len)
+}
+
+/// One reader of the journal, as an event stream holds it.
+#[derive(Default)]
+struct Reader {
+    seen: u64,
+    ended: bool,
+    id: Option<u64>,
+}
+
+impl Reader {
+    fn subscribe(core: &Lifecycle<Flag>) -> Self {
+        let (seen, ended) = core.subscribe_changes(1024);
+        Reader {
+            seen,
+            ended,
+            id: None,
+        }
+    }
+
+    fn read(&mut self, core: &Lifecycle<Flag>) -> Poll<Option<Event>> {
+        let waker = Waker::from(StdArc::new(CountWakes::default()));
+        let mut cx = Context::from_waker(&waker);
+        core.poll_change(&mut self.seen, &mut self.ended, &mut self.id, &mut cx)
+    }
+}
+
+/// A pause, its exit and a resume: three changes.
+fn three_changes(core: &Lifecycle<Flag>) {
+    let generation = core
+        .command(Command::Pause)
+        .unwrap()
+        .transition
+        .unwrap()
+        .generation;
+    let _ = core.report_exit(generation, Exit::Cancelled, Some(()));
+    let _ = core.command(Command::Resume).unwrap();
+}
+
+#[test]
+fn the_journal_keeps_only_the_changes_a_live_reader_has_not_read() {
+    let (core, _launch) = running();
+    let mut a = Reader::subscribe(&core);
+    let mut b = Reader::subscribe(&core);
+    three_changes(&core);
+    assert_eq!(journaled(&core), Some(3));
+    for _ in 0..3 {
+        assert!(matches!(a.read(&core), Poll::Ready(Some(Event::Change(_)))));
+    }
+    assert!(a.read(&core).is_pending(), "a has read everything");
+    assert_eq!(journaled(&core), Some(3), "b has read none of them");
+    for _ in 0..2 {
+        assert!(matches!(b.read(&core), Poll::Ready(Some(Event::Change(_)))));
+    }
+    assert_eq!(journaled(&core), Some(1), "only the one b has not read");
+    core.forget_reader(b.id.take(), b.seen, b.ended);
+    assert_eq!(journaled(&core), Some(0), "what a has read goes with b");
+    core.forget_reader(a.id.take(), a.seen, a.ended);
+    assert_eq!(journaled(&core), None, "no reader, no journal");
+    // A change with no reader costs nothing; a new reader reads from now on.
+    let generation = core.command(Command::Pause).unwrap().transition.unwrap().generation;
+    assert_eq!(journaled(&core), None);
+    let mut c = Reader::subscribe(&core);
+    let _ = core.report_exit(generation, Exit::Cancelled, Some(()));
+    match c.read(&core) {
+        Poll::Ready(Some(Event::Change(change))) => assert_eq!(change.stage, Stage::Paused),
+        other => panic!("expected the exit's change, got {other:?}"),
+    }
+    assert_eq!(journaled(&core), Some(0));
+}
+
+#[test]
+fn a_reader_that_read_the_end_leaves_the_journal() {
+    let (core, _launch) = running();
+    let mut a = Reader::subscribe(&core);
+    let mut b = Reader::subscribe(&core);
+    let generation = core.command(Command::Stop).unwrap().transition.unwrap().generation;
+    let _ = core.report_exit(generation, Exit::Cancelled, Some(()));
+    let _ = core.report_closed(generation);
+    assert_eq!(core.stage(), Stage::Stopped);
+    while let Poll::Ready(Some(_)) = a.read(&core) {}
+    assert!(a.ended, "a read the terminal stage");
+    assert!(journaled(&core).is_some_and(|n| n > 0), "b has not read");
+    while let Poll::Ready(Some(_)) = b.read(&core) {}
+    assert!(b.ended);
+    assert_eq!(journaled(&core), None, "both ended: no journal");
+    // Dropping an ended reader leaves nothing to undo.
+    core.forget_reader(a.id.take(), a.seen, a.ended);
+    core.forget_reader(b.id.take(), b.seen, b.ended);
+    assert_eq!(journaled(&core), None);
+    // A reader made on a terminal task ends at once and never joined.
+    let mut late = Reader::subscribe(&core);
+    assert!(late.ended);
+    assert!(matches!(late.read(&core), Poll::Ready(None)));
+    core.forget_reader(late.id.take(), late.seen, late.ended);
+    assert_eq!(journaled(&core), None);
+}

@@ -95,9 +95,11 @@ impl<C: Send + Sync + 'static> TaskBuilder<C> {
         self
     }
 
-    /// How many changes the task keeps for its event streams (default 1,024): a
-    /// reader of [`Handle::events`] that falls further behind is told how many it
-    /// missed ([`Event::Lagged`](crate::Event::Lagged)). Nothing is kept until the first stream is made.
+    /// How many changes, at most, the task keeps for its event streams (default
+    /// 1,024): a reader of [`Handle::events`] that falls further behind is told how
+    /// many it missed ([`Event::Lagged`](crate::Event::Lagged)). Only the changes some
+    /// live stream has not read yet are kept: nothing while no stream exists, nothing
+    /// once every stream has read everything.
     pub fn event_capacity(mut self, capacity: usize) -> Self {
         self.event_capacity = capacity.max(1);
         self

@@ -74,6 +74,8 @@ impl<C: Send + Sync + 'static> Stream for Events<C> {
 
 impl<C: Send + Sync + 'static> Drop for Events<C> {
     fn drop(&mut self) {
-        self.shared.core().forget_reader(self.id.take());
+        self.shared
+            .core()
+            .forget_reader(self.id.take(), self.seen, self.ended);
     }
 }
