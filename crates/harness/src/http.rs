@@ -138,6 +138,8 @@ pub async fn call(
 pub struct SseReader {
     body: Body,
     buffer: String,
+    /// The bytes of the body read so far.
+    bytes: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -164,7 +166,21 @@ impl SseReader {
         SseReader {
             body: response.into_body(),
             buffer: String::new(),
+            bytes: 0,
         }
+    }
+
+    /// Reads (and drops) whatever the stream sends for `duration`, and returns how
+    /// many bytes of the body it read in all, from its opening on.
+    pub async fn read_for(mut self, duration: Duration) -> u64 {
+        let deadline = tokio::time::Instant::now() + duration;
+        // Bounded by the deadline.
+        while let Ok(Some(Ok(frame))) = tokio::time::timeout_at(deadline, self.body.frame()).await {
+            if let Ok(bytes) = frame.into_data() {
+                self.bytes += bytes.len() as u64;
+            }
+        }
+        self.bytes
     }
 
     /// Whether the stream ends within `within` (what it sends meanwhile is read
@@ -213,6 +229,7 @@ impl SseReader {
                 .await
                 .ok()??;
             if let Ok(bytes) = frame.ok()?.into_data() {
+                self.bytes += bytes.len() as u64;
                 self.buffer.push_str(&String::from_utf8_lossy(&bytes));
             }
         }

@@ -1,5 +1,6 @@
 //! The routes: parsing, authorization, the answers, the event streams.
 
+use std::collections::HashSet;
 use std::convert::Infallible;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -155,6 +156,15 @@ async fn whoami(Extension(scope): Extension<Scope>, State(shared): St) -> Respon
 
 /// The query's parameters, each named in `allowed` and given at most once.
 fn params(raw: Option<&str>, allowed: &[&str]) -> Result<Vec<(String, String)>, ApiError> {
+    params_repeating(raw, allowed, None)
+}
+
+/// As [`params`], with one key that may be given many times (`repeating`).
+fn params_repeating(
+    raw: Option<&str>,
+    allowed: &[&str],
+    repeating: Option<&str>,
+) -> Result<Vec<(String, String)>, ApiError> {
     let mut out: Vec<(String, String)> = Vec::new();
     for pair in raw.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
@@ -166,7 +176,7 @@ fn params(raw: Option<&str>, allowed: &[&str]) -> Result<Vec<(String, String)>, 
                 allowed.join(", ")
             )));
         }
-        if out.iter().any(|(k, _)| *k == key) {
+        if repeating != Some(key.as_str()) && out.iter().any(|(k, _)| *k == key) {
             return Err(ApiError::bad_request(format!(
                 "query parameter {key:?} given twice"
             )));
@@ -743,10 +753,9 @@ async fn health(State(shared): St, headers: HeaderMap) -> Response {
 fn start_of(
     shared: &Shared,
     headers: &HeaderMap,
-    query: Option<&str>,
+    params: &[(String, String)],
 ) -> Result<(u64, bool), ApiError> {
-    let params = params(query, &["since"])?;
-    let given = match (headers.get("last-event-id"), param(&params, "since")) {
+    let given = match (headers.get("last-event-id"), param(params, "since")) {
         (_, Some(since)) => Some(since.to_owned()),
         (Some(header), None) => Some(
             header
@@ -776,14 +785,33 @@ fn start_of(
     }
 }
 
+/// How many tasks one filtered stream (`GET /v1/events?task=…`) may follow.
+const MAX_STREAM_TASKS: usize = 1_000;
+
+/// The tasks a stream is filtered to.
+type Only = Arc<HashSet<Arc<str>>>;
+
 async fn all_events(
     State(shared): St,
     headers: HeaderMap,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
-    let (next, unknown) = start_of(&shared, &headers, query.as_deref())?;
+    let params = params_repeating(query.as_deref(), &["since", "task"], Some("task"))?;
+    let (next, unknown) = start_of(&shared, &headers, &params)?;
+    let tasks: HashSet<Arc<str>> = params
+        .iter()
+        .filter(|(k, _)| k == "task")
+        .map(|(_, v)| Arc::from(v.as_str()))
+        .collect();
+    if tasks.len() > MAX_STREAM_TASKS {
+        return Err(ApiError::bad_request(format!(
+            "a stream follows at most {MAX_STREAM_TASKS} tasks, not {}",
+            tasks.len()
+        )));
+    }
+    let only = (!tasks.is_empty()).then(|| Arc::new(tasks));
     let end = shared.streams_end.clone();
-    Ok(stream(Arc::clone(&shared.hub), next, None, unknown, end).into_response())
+    Ok(stream(Arc::clone(&shared.hub), next, only, unknown, end).into_response())
 }
 
 async fn task_events(
@@ -793,7 +821,8 @@ async fn task_events(
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
     let id = task_id(path)?;
-    let (next, unknown) = start_of(&shared, &headers, query.as_deref())?;
+    let params = params(query.as_deref(), &["since"])?;
+    let (next, unknown) = start_of(&shared, &headers, &params)?;
     if !shared.source.exists(&id).await? {
         return Err(ApiError::unknown_task(&id));
     }
@@ -801,20 +830,20 @@ async fn task_events(
     Ok(stream(
         Arc::clone(&shared.hub),
         next,
-        Some(Arc::from(id)),
+        Some(Arc::new(HashSet::from([Arc::from(id)]))),
         unknown,
         end,
     )
     .into_response())
 }
 
-/// The records of `hub` from `next` on (of one task, if `task`), as Server-Sent
+/// The records of `hub` from `next` on (of the tasks `only` names, if it does), as Server-Sent
 /// Events, with a `gap` event wherever the client fell behind the hub's ring; the
 /// stream ends when `end` is cancelled ([`Api::end_streams_on`](super::Api::end_streams_on)).
 fn stream(
     hub: Arc<Hub>,
     next: u64,
-    task: Option<Arc<str>>,
+    only: Option<Only>,
     unknown: bool,
     end: tokio_util::sync::CancellationToken,
 ) -> Sse<Events> {
@@ -823,7 +852,7 @@ fn stream(
         // Dropping the sender ends the response's body, so the connection can close.
         tokio::select! {
             () = end.cancelled() => {}
-            () = feed(hub, next, task, unknown, &tx) => {}
+            () = feed(hub, next, only, unknown, &tx) => {}
         }
     });
     Sse::new(Events(rx))
@@ -833,7 +862,7 @@ fn stream(
 async fn feed(
     hub: Arc<Hub>,
     mut next: u64,
-    task: Option<Arc<str>>,
+    only: Option<Only>,
     unknown: bool,
     tx: &mpsc::Sender<SseEvent>,
 ) {
@@ -868,7 +897,7 @@ async fn feed(
             let full = batch.records.len() == STREAM_BUFFER;
             for record in batch.records {
                 next = record.seq + 1;
-                if task.as_ref().is_some_and(|t| *t != record.task) {
+                if only.as_ref().is_some_and(|o| !o.contains(&record.task)) {
                     continue;
                 }
                 // The record's JSON object, with its number first.

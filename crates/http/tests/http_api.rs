@@ -1506,3 +1506,77 @@ async fn the_policys_standing_and_a_tasks_recent_events_are_served() {
     assert_eq!(detail["policy"]["standing"], "backing_off", "{detail}");
     assert_eq!(detail["events"], serde_json::json!([]), "{detail}");
 }
+
+/// `GET /v1/events?task=…` carries the changes of the tasks named, in order, and
+/// no other's; a name is any text (a comma in it included); over 1,000 names, or
+/// an unknown parameter, is a 400 in the error shape.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_of_some_tasks_carries_theirs_only() {
+    let (f, _, _) = fixture(&["a", "b", "c,d"], &[], None).await;
+    let mut some = SseReader::open(&f.router, "/v1/events?task=a&task=c%2Cd", READ, None).await;
+    for uri in [
+        "/v1/tasks/a/pause",
+        "/v1/tasks/b/pause",
+        "/v1/tasks/c%2Cd/pause",
+        "/v1/tasks/a/resume?wait=10s",
+        "/v1/tasks/b/resume?wait=10s",
+    ] {
+        let (status, body) = call(&f.router, "POST", uri, Some(ADMIN), None).await;
+        assert_eq!(status, StatusCode::OK, "{uri}: {body}");
+    }
+    let mut seen = Vec::new();
+    while seen.len() < 6 {
+        let event = some.next(WITHIN).await.expect("an event within 10 s");
+        seen.push(format!(
+            "{}:{}",
+            event.data["task"].as_str().unwrap_or(""),
+            event.data["item"]["stage"].as_str().unwrap_or("")
+        ));
+    }
+    assert_eq!(
+        seen,
+        [
+            "a:Pausing",
+            "a:Paused",
+            "c,d:Pausing",
+            "c,d:Paused",
+            "a:Resuming",
+            "a:Running"
+        ]
+    );
+    // b's resume came last: had it been carried, it would be next.
+    let (status, body) = call(&f.router, "POST", "/v1/tasks/a/pause", Some(ADMIN), None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let next = some.next(WITHIN).await.expect("a's next change");
+    assert_eq!(next.data["task"], "a", "{next:?}");
+
+    let many: Vec<String> = (0..1001).map(|i| format!("task=t{i}")).collect();
+    let uri = format!("/v1/events?{}", many.join("&"));
+    let (status, body) = call(&f.router, "GET", &uri, Some(READ), None).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(
+        body["error_msg"]
+            .as_str()
+            .unwrap_or("")
+            .contains("at most 1000 tasks"),
+        "{body}"
+    );
+    let (status, body) = call(
+        &f.router,
+        "GET",
+        "/v1/events?since=1&since=2",
+        Some(READ),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let (status, body) = call(
+        &f.router,
+        "GET",
+        "/v1/tasks/a/events?task=b",
+        Some(READ),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+}

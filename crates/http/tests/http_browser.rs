@@ -763,9 +763,37 @@ async fn the_page_tells_the_policys_standing_and_opens_a_task_with_its_events() 
         .await
         .expect("the policy's standing within the deadline");
     }
+    // Every URI the page asks for, to see what its stream follows.
+    let asked: Arc<std::sync::Mutex<Vec<String>>> = Arc::default();
+    let record = Arc::clone(&asked);
     let router = Api::local(&tasks)
         .auth(Auth::tokens().admin("admin-secret"))
-        .router();
+        .router()
+        .layer(axum::middleware::from_fn(
+            move |request: axum::extract::Request, next: axum::middleware::Next| {
+                record
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .push(request.uri().to_string());
+                next.run(request)
+            },
+        ));
+    // The tasks the page's last event stream follows.
+    let followed = || {
+        let asked = asked
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let last = asked.iter().rev().find(|u| u.starts_with("/v1/events"))?;
+        let mut names: Vec<String> = last
+            .split_once('?')
+            .map_or("", |(_, q)| q)
+            .split('&')
+            .filter_map(|p| p.strip_prefix("task="))
+            .map(str::to_owned)
+            .collect();
+        names.sort();
+        Some(names)
+    };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("a listener");
@@ -796,6 +824,23 @@ async fn the_page_tells_the_policys_standing_and_opens_a_task_with_its_events() 
     assert!((25..=60).contains(&seconds), "{shown}");
     assert_eq!(shown["broken"], "Pausedblocked: needs a person", "{shown}");
     assert_eq!(shown["operated"], "Pausedby an operator", "{shown}");
+    // The page's stream follows the three shown, by name.
+    let deadline = tokio::time::Instant::now() + WITHIN;
+    while followed().is_none() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the page opened no stream"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        followed(),
+        Some(vec![
+            "broken".to_owned(),
+            "flaky".to_owned(),
+            "operated".to_owned()
+        ])
+    );
 
     // The task's own view, from its name, in the URL.
     client
@@ -835,6 +880,20 @@ async fn the_page_tells_the_policys_standing_and_opens_a_task_with_its_events() 
         "return document.getElementById('task').hidden && location.hash === ''",
     )
     .await;
+    // Another view, another stream: only the task it shows.
+    client
+        .goto(&format!("http://{addr}/ui#q=fla"))
+        .await
+        .expect("the page loads");
+    let deadline = tokio::time::Instant::now() + WITHIN;
+    while followed() != Some(vec!["flaky".to_owned()]) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the stream of the view #q=fla follows {:?}",
+            followed()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     client.close().await.expect("the session closes");
     drop(driver);
     server.abort();

@@ -384,3 +384,76 @@ async fn a_served_task_keeps_no_change_its_readers_have_read() {
         4 * SERVED * CYCLES
     );
 }
+
+/// A tab's stream carries only what the tab shows: with 10,000 busy tasks (400
+/// pauses and resumes a second of tasks picked at random, about the 520 KB/s of
+/// events a reported fleet sent every tab), a stream of the 100 tasks of one page
+/// receives at most 50 KB/s and at most a twentieth of what the stream of every
+/// task receives meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_of_the_tasks_a_tab_shows_carries_theirs_only() {
+    const CHURNERS: u64 = 8;
+    let busy = Duration::from_secs(10);
+    let (group, _lives) = running_probes(TASKS).await;
+    let tasks = LocalTasks::from_group(&group).expect("one task per name");
+    let router = Api::local(&tasks)
+        .auth(Auth::tokens().read_only(READ))
+        .router();
+    let shown: Vec<String> = (0..100).map(|i| format!("task=t{:05}", i * 37)).collect();
+    let page = SseReader::open(
+        &router,
+        &format!("/v1/events?{}", shown.join("&")),
+        READ,
+        None,
+    )
+    .await;
+    let every = SseReader::open(&router, "/v1/events", READ, None).await;
+    let page = tokio::spawn(page.read_for(busy));
+    let every = tokio::spawn(every.read_for(busy));
+    let group = Arc::new(group);
+    let mut churn = JoinSet::new();
+    let until = Instant::now() + busy;
+    for seed in 0..CHURNERS {
+        let group = Arc::clone(&group);
+        churn.spawn(async move {
+            let mut rng = fastrand::Rng::with_seed(seed);
+            let mut cycles = 0_u64;
+            // The load's pace: 50 cycles a second a churner.
+            let mut pace = tokio::time::interval(Duration::from_millis(20));
+            // Bounded by `until`.
+            while Instant::now() < until {
+                pace.tick().await;
+                // Each churner its own residue: no two command one task.
+                let i = rng.usize(..TASKS / CHURNERS as usize) * CHURNERS as usize + seed as usize;
+                let handle = &group.tasks()[i];
+                handle.pause().await.expect("paused");
+                handle.resume().await.expect("resumed");
+                cycles += 1;
+            }
+            cycles
+        });
+    }
+    let mut cycles = 0;
+    while let Some(done) = churn.join_next().await {
+        cycles += done.expect("a churner");
+    }
+    let page = page.await.expect("the page's stream");
+    let every = every.await.expect("the whole stream");
+    let secs = busy.as_secs_f64();
+    let (page_rate, every_rate) = (page as f64 / secs / 1000.0, every as f64 / secs / 1000.0);
+    eprintln!(
+        "tab stream: {cycles} pause-resume cycles of {TASKS} tasks in {secs} s; the stream of 100 shown tasks {page_rate:.1} KB/s, the stream of every task {every_rate:.1} KB/s"
+    );
+    assert!(
+        every_rate >= 300.0,
+        "the load was lighter than the reported one: {every_rate:.1} KB/s for every task"
+    );
+    assert!(
+        page_rate <= 50.0,
+        "the page's stream carried {page_rate:.1} KB/s"
+    );
+    assert!(
+        page * 20 <= every,
+        "the page's stream carried {page} bytes of the whole stream's {every}"
+    );
+}

@@ -8,7 +8,7 @@
   if (!base.endsWith("/")) base += "/";
   const PAGE = 100;
   const STAGES = ["", "New", "Running", "Pausing", "Paused", "Resuming", "Stopping", "Stopped", "Finished"];
-  const state = { token: sessionStorage.getItem("taskstage-token") || "", scope: null, stage: "", q: "", task: "", offset: 0, rows: new Map(), pending: new Map(), errors: new Map(), rates: new Map(), seq: 0, stream: null };
+  const state = { token: sessionStorage.getItem("taskstage-token") || "", scope: null, stage: "", q: "", task: "", offset: 0, rows: new Map(), pending: new Map(), errors: new Map(), rates: new Map(), last: 0, followed: null, stream: null };
   // The view is in the URL (#stage=Paused&q=orders), to share or reload; a token
   // there is taken into the session and removed from the address.
   const hash = new URLSearchParams(location.hash.slice(1));
@@ -216,7 +216,19 @@
     $("prev").disabled = state.offset === 0;
     $("next").disabled = last >= body.total;
     render();
+    // The list is at least as new as its `seq`: the stream goes on from there.
+    state.last = Math.max(state.last, body.seq);
+    if (state.followed !== null && streamQuery() !== state.followed) follow();
     return body.seq;
+  }
+
+  // The stream carries only the tasks shown (and the one opened): a tab of 100 rows
+  // of 10,000 busy tasks is sent their changes, not every task's. Another view
+  // opens another stream, from the last event read.
+  function streamQuery() {
+    const ids = new Set(state.rows.keys());
+    if (state.task) ids.add(state.task);
+    return Array.from(ids).map((id) => "task=" + encodeURIComponent(id)).join("&");
   }
 
   async function command(id, cmd) {
@@ -296,7 +308,7 @@
       events.appendChild(tr);
     }
   }
-  function openTask(id) { state.task = id; keepView(); showTask(); }
+  function openTask(id) { state.task = id; keepView(); showTask(); if (state.followed !== null && streamQuery() !== state.followed) follow(); }
 
   // The list is read again soon after changes: the auto-resume policy's standing
   // follows a change, it is not in the change's own event.
@@ -319,14 +331,16 @@
     }
   }
 
-  async function follow(seq) {
+  async function follow() {
     if (state.stream) state.stream.abort();
     const ctl = new AbortController();
     state.stream = ctl;
-    let last = seq;
+    const query = streamQuery();
+    state.followed = query;
+    if (!query) { $("live").className = ""; $("live").textContent = "live (nothing shown)"; return; }
     for (let attempt = 0; !ctl.signal.aborted; attempt++) {
       try {
-        const res = await fetch(base + "v1/events", { headers: headers({ "Last-Event-ID": String(last) }), signal: ctl.signal });
+        const res = await fetch(base + "v1/events?" + query, { headers: headers({ "Last-Event-ID": String(state.last) }), signal: ctl.signal });
         if (res.status !== 200) { $("live").className = "off"; $("live").textContent = "stream: HTTP " + res.status; return; }
         $("live").className = ""; $("live").textContent = "live";
         const reader = res.body.getReader();
@@ -345,10 +359,10 @@
               else if (line.startsWith("data: ")) data += line.slice(6);
               else if (line.startsWith("id: ")) id = Number(line.slice(4));
             }
-            if (id != null) last = id;
+            if (id != null) state.last = id;
             if (!data) continue;
             const parsed = JSON.parse(data);
-            if (event === "gap") { last = (parsed.next_seq || 1) - 1; const s = await load(); if (s !== false && s > last) last = s; }
+            if (event === "gap") { state.last = (parsed.next_seq || 1) - 1; await load(); }
             else if (event === "change") applyChange(parsed);
           }
         }
@@ -373,7 +387,7 @@
     $("scope").textContent = "scope: " + state.scope;
     $("source").textContent = who.body.source;
     const seq = await load();
-    if (seq !== false) follow(seq);
+    if (seq !== false) follow();
     showTask();
   }
 
@@ -398,6 +412,17 @@
   $("login").addEventListener("submit", (e) => { e.preventDefault(); state.token = $("token").value; sessionStorage.setItem("taskstage-token", state.token); boot(0); });
   // Progress is not an event: the shown page is read again every 5 s.
   setInterval(() => { if (state.scope) { load(); if (state.task) showTask(); } }, 5000);
+  // A view pasted into the address bar of an open page.
+  window.addEventListener("hashchange", () => {
+    const h = new URLSearchParams(location.hash.slice(1));
+    state.stage = STAGES.includes(h.get("stage") || "") ? h.get("stage") || "" : "";
+    state.q = h.get("q") || "";
+    state.task = h.get("task") || "";
+    state.offset = 0;
+    $("search").value = state.q;
+    for (const x of nav.children) x.className = x.dataset.stage === state.stage ? "on" : "";
+    if (state.scope) { load(); showTask(); }
+  });
   $("task-close").addEventListener("click", () => { state.task = ""; keepView(); showTask(); });
   // A server that cannot be reached yet (starting, restarting) is tried again.
   function boot(attempt) {
